@@ -1,0 +1,30 @@
+# The two commands of the README: `make demo` and `make test`.
+# Each creates .venv and installs the project on a fresh machine; nothing by hand first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv demo test model bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+model: $(STAMP)
+	$(VENV)/bin/inflight model fetch
+
+demo: $(STAMP)
+	$(VENV)/bin/inflight demo
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

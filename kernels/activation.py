@@ -1,0 +1,14 @@
+"""SwiGLU: silu(gate) * up, from the fused gate|up projection.
+
+    x [T, 2 * I]  (gate in [:, :I], up in [:, I:])  ->  [T, I]
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    inter = x.shape[-1] // 2
+    return (F.silu(x[..., :inter].float()) * x[..., inter:].float()).to(x.dtype)

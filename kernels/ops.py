@@ -1,0 +1,51 @@
+"""The kernel set the engine calls, chosen once per engine: "torch" or "triton".
+
+The engine holds one `KernelOps` and calls its five functions; it never imports a kernel
+module directly. Default: triton on CUDA, torch elsewhere; `INFLIGHT_KERNELS=torch|triton`
+or `EngineConfig.kernels` overrides (triton on CPU needs TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from kernels.activation import silu_and_mul_ref
+from kernels.attention import paged_attention_ref
+from kernels.kv_write import write_kv_ref
+from kernels.rmsnorm import rms_norm_ref
+from kernels.rotary import rotary_ref
+
+BACKENDS = ("torch", "triton")
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    name: str
+    paged_attention: Callable
+    write_kv: Callable
+    rms_norm: Callable
+    rotary: Callable
+    silu_and_mul: Callable
+
+
+TORCH_OPS = KernelOps("torch", paged_attention_ref, write_kv_ref, rms_norm_ref, rotary_ref,
+                      silu_and_mul_ref)
+
+
+def resolve_backend(requested: str | None, device: str) -> str:
+    name = requested or os.environ.get("INFLIGHT_KERNELS") or ("triton" if str(device).startswith("cuda") else "torch")
+    if name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}: set INFLIGHT_KERNELS or "
+                         f"EngineConfig.kernels to one of {BACKENDS}")
+    return name
+
+
+def get_ops(requested: str | None = None, device: str = "cpu") -> KernelOps:
+    name = resolve_backend(requested, device)
+    if name == "torch":
+        return TORCH_OPS
+    from kernels.triton_ops import TRITON_OPS  # imported only when asked for: needs triton
+
+    return TRITON_OPS

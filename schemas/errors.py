@@ -1,0 +1,55 @@
+"""One error tree for the whole project.
+
+Every message says what was wrong (with the values), which setting or field to change,
+and what happens next. Code that handles input never raises anything else at its edge.
+"""
+
+from __future__ import annotations
+
+
+class InflightError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class SchemaError(InflightError, ValueError):
+    """A wire message could not be decoded or validated.
+
+    `raw` keeps the original bytes so nothing is lost (they go to the DLQ);
+    `field` names the offending field when one is known.
+    """
+
+    def __init__(self, message: str, *, raw: bytes | None = None, field: str | None = None,
+                 request_id: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.raw = raw
+        self.field = field
+        self.request_id = request_id
+
+
+class ConfigError(InflightError, ValueError):
+    """A setting is missing or has a value that cannot work."""
+
+
+class CapacityError(InflightError):
+    """A request cannot fit (context length, KV cache, message size)."""
+
+
+class BrokerError(InflightError):
+    """The Kafka broker could not be started, reached or used."""
+
+
+class StoreError(InflightError):
+    """The SQL store could not be reached or used."""
+
+
+class ModelError(InflightError):
+    """A model folder is missing, incomplete, or of an unsupported architecture."""
+
+
+class Retry(InflightError):
+    """Transient failure: try again after `delay` seconds."""
+
+    def __init__(self, message: str, delay: float = 1.0):
+        super().__init__(message)
+        self.delay = delay

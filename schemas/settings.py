@@ -1,0 +1,84 @@
+"""Settings, read once from INFLIGHT_* environment variables (pydantic-settings).
+
+The object is frozen: components take the fields they need at construction time;
+nothing writes back into it after startup.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "inflight"
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "inflight"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="INFLIGHT_", frozen=True, extra="ignore")
+
+    # --- Kafka -------------------------------------------------------------------
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    kafka_sasl_mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 | OAUTHBEARER
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = None
+    kafka_ssl_cafile: str | None = None
+    # Any other kafka-python option, as JSON: INFLIGHT_KAFKA_CLIENT_OPTIONS='{"request_timeout_ms": 30000}'
+    kafka_client_options: dict[str, Any] = Field(default_factory=dict)
+    kafka_session_timeout_ms: int = 10000
+    kafka_heartbeat_interval_ms: int = 3000
+    kafka_max_message_bytes: int = 1_000_000
+
+    topic_requests: str = "inflight.requests"
+    topic_requests_batch: str = "inflight.requests.batch"
+    topic_results: str = "inflight.results"
+    topic_dlq: str = "inflight.requests.dlq"
+    topic_cancel: str = "inflight.cancel"
+    worker_group: str = "inflight-workers"
+    recorder_group: str = "inflight-recorder"
+
+    # --- store ---------------------------------------------------------------------
+    database_url: str = Field(default_factory=lambda: f"sqlite:///{_data_dir() / 'inflight.db'}")
+
+    # --- model / engine ------------------------------------------------------------
+    model_path: str | None = None  # a Hugging Face folder; None = the bundled SmolLM2-135M
+    cache_dir: Path = Field(default_factory=_cache_dir)
+    data_dir: Path = Field(default_factory=_data_dir)
+    max_prompt_chars: int = 200_000
+
+    # --- batch jobs ----------------------------------------------------------------
+    celery_broker: str | None = None  # e.g. redis://127.0.0.1:6379/0; None = SQL transport
+
+    # --- worker ----------------------------------------------------------------------
+    worker_max_inflight: int = 64
+    metrics_port: int | None = None
+
+    def kafka_common(self) -> dict[str, Any]:
+        """kafka-python keyword arguments shared by producers, consumers and admin clients."""
+        opts: dict[str, Any] = {
+            "bootstrap_servers": [s.strip() for s in self.kafka_bootstrap.split(",") if s.strip()],
+            "security_protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_sasl_mechanism:
+            opts["sasl_mechanism"] = self.kafka_sasl_mechanism
+            opts["sasl_plain_username"] = self.kafka_sasl_username
+            opts["sasl_plain_password"] = self.kafka_sasl_password
+        if self.kafka_ssl_cafile:
+            opts["ssl_cafile"] = self.kafka_ssl_cafile
+        opts.update(self.kafka_client_options)
+        return opts
+
+    def topics(self) -> list[str]:
+        return [self.topic_requests, self.topic_requests_batch, self.topic_results,
+                self.topic_dlq, self.topic_cancel]
