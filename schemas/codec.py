@@ -1,0 +1,165 @@
+"""orjson encode/decode at the edge. Decoders raise only SchemaError, whatever the input.
+
+    raw bytes ── size check ── orjson.loads ── must be an object ── pydantic (strict) ──► model
+                    │               │                  │                    │
+                    └───────────────┴──── SchemaError(raw=..., field=..., request_id=salvaged)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import json
+
+import orjson
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from schemas.base import ID_RE, MAX_ID_LEN, FieldError
+from schemas.errors import SchemaError
+from schemas.events import ResultEvent
+from schemas.requests import InferenceRequest
+
+DEFAULT_MAX_BYTES = 1_000_000        # = Settings.kafka_max_message_bytes default
+DEFAULT_MAX_PROMPT_CHARS = 200_000   # = Settings.max_prompt_chars default
+
+_RESULT_ADAPTER: TypeAdapter[Any] = TypeAdapter(ResultEvent)
+_TAGS = ("token", "final", "error")
+_JSON_BRANCHES = frozenset({"list", "dict", "str", "int", "float", "bool"})
+
+
+def encode(model: BaseModel) -> bytes:
+    """Any wire model to compact JSON bytes."""
+    return orjson.dumps(model.model_dump(mode="json"))
+
+
+def salvage_request_id(obj: Any) -> str | None:
+    """The request_id of a broken message, if it has a well-formed one."""
+    if isinstance(obj, dict):
+        rid = obj.get("request_id")
+        if isinstance(rid, str) and ID_RE.match(rid):
+            return rid
+    return None
+
+
+def _as_bytes(raw: Any) -> bytes:
+    if isinstance(raw, bytes):
+        return raw
+    if isinstance(raw, (bytearray, memoryview)):
+        return bytes(raw)
+    if isinstance(raw, str):
+        return raw.encode("utf-8", "surrogatepass")
+    raise SchemaError(f"expected bytes, got {type(raw).__name__}", raw=None)
+
+
+def load_object(raw: Any, *, max_bytes: int | None, what: str) -> tuple[bytes, dict[str, Any]]:
+    """Bytes → a JSON object (dict), or SchemaError."""
+    data = _as_bytes(raw)
+    if max_bytes is not None and len(data) > max_bytes:
+        rid = None
+        try:
+            rid = salvage_request_id(orjson.loads(data))
+        except orjson.JSONDecodeError:
+            pass
+        raise SchemaError(f"{what} is {len(data)} bytes, over the limit of {max_bytes} "
+                          "(setting INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten the prompt",
+                          raw=data, field="message", request_id=rid)
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        obj = _lenient(data)
+        if obj is None:
+            raise SchemaError(f"{what} is not valid JSON (UTF-8): {e}", raw=data) from None
+        # Only NaN/Infinity literals were wrong: validation below names the field that has one.
+    if not isinstance(obj, dict):
+        raise SchemaError(f"{what} must be a JSON object, got {type(obj).__name__}", raw=data)
+    return data, obj
+
+
+def _lenient(data: bytes) -> Any:
+    """Parse JSON that has NaN/Infinity literals (the stdlib accepts them), else None."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def schema_error(err: ValidationError, *, raw: bytes | None, request_id: str | None,
+                 model: type[BaseModel] | None = None, prefix: str = "",
+                 strip_tag: bool = False) -> SchemaError:
+    """Turn pydantic's error list into one SchemaError naming the first bad field."""
+    errors = err.errors(include_url=False)
+    first = errors[0]
+    loc = list(first.get("loc", ()))
+    if strip_tag and loc and loc[0] in _TAGS:
+        loc = loc[1:]
+    loc = [p for p in loc if not (isinstance(p, str) and p.startswith("function-"))]
+    if "metadata" in loc:  # JsonValue adds its union branch names to the path
+        loc = [p for p in loc if p not in _JSON_BRANCHES]
+    field = prefix + ".".join(str(p) for p in loc) if loc else (prefix.rstrip(".") or None)
+    kind = first.get("type", "")
+    msg = first.get("msg", "invalid")
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):
+        field = prefix + cause.field
+        msg = str(cause)
+        kind = "field_error"
+    if kind == "extra_forbidden":
+        allowed = ""
+        if model is not None and len(loc) == 1:
+            allowed = "; allowed fields: " + ", ".join(model.model_fields)
+        text = f"unknown field '{field}': remove it{allowed}"
+    elif kind == "missing":
+        text = f"missing required field '{field}'"
+    elif kind == "string_pattern_mismatch" and loc and loc[-1] in ("request_id", "batch_id"):
+        text = (f"{field}: use 1-{MAX_ID_LEN} characters of letters, digits and . _ : -, "
+                f"starting with a letter or digit (got {_short(first.get('input'))})")
+    elif kind == "field_error":
+        text = f"{field}: {msg}"
+    elif kind == "value_error" and not loc:
+        text = msg.removeprefix("Value error, ")
+    else:
+        text = f"{field or 'message'}: {msg.removeprefix('Value error, ')}"
+        if "input" in first and kind not in ("value_error", "finite_number"):
+            text += f" (got {_short(first['input'])})"
+    if len(errors) > 1:
+        text += f" [+{len(errors) - 1} more error(s)]"
+    return SchemaError(text, raw=raw, field=field, request_id=request_id)
+
+
+def decode_request(raw: Any, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
+                   max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS) -> InferenceRequest:
+    """Bytes from `inflight.requests` → InferenceRequest. Raises only SchemaError."""
+    data, obj = load_object(raw, max_bytes=max_bytes, what="request")
+    return request_from_object(obj, raw=data, max_prompt_chars=max_prompt_chars)
+
+
+def request_from_object(obj: dict[str, Any], *, raw: bytes | None,
+                        max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS,
+                        prefix: str = "") -> InferenceRequest:
+    rid = salvage_request_id(obj)
+    try:
+        return InferenceRequest.model_validate(
+            obj, context={"max_prompt_chars": max_prompt_chars})
+    except ValidationError as e:
+        raise schema_error(e, raw=raw, request_id=rid, model=InferenceRequest,
+                           prefix=prefix) from None
+    except (ValueError, TypeError, RecursionError) as e:  # defensive: never leak other types
+        raise SchemaError(f"invalid request: {e}", raw=raw, request_id=rid) from None
+
+
+def decode_result(raw: Any, *, max_bytes: int | None = None) -> ResultEvent:
+    """Bytes from `inflight.results` → TokenEvent | FinalEvent | ErrorEvent (by `type`)."""
+    data, obj = load_object(raw, max_bytes=max_bytes, what="result event")
+    rid = salvage_request_id(obj)
+    try:
+        return _RESULT_ADAPTER.validate_python(obj)
+    except ValidationError as e:
+        raise schema_error(e, raw=data, request_id=rid, strip_tag=True) from None
+    except (ValueError, TypeError, RecursionError) as e:
+        raise SchemaError(f"invalid result event: {e}", raw=data, request_id=rid) from None

@@ -1,0 +1,54 @@
+"""Result events and the `type`-discriminated decode_result."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from schemas import (ErrorEvent, FinalEvent, SchemaError, Timings, TokenEvent, Usage,
+                     decode_result, encode)
+
+
+def test_each_kind_round_trips_through_decode_result():
+    events = [
+        TokenEvent(request_id="r", index=0, token_ids=[1, 2], text="hi"),
+        FinalEvent(request_id="r", text="hi", token_ids=[1, 2], finish_reason="length",
+                   usage=Usage(prompt_tokens=3, completion_tokens=2, cached_prompt_tokens=1),
+                   timings=Timings(submitted_at=1.0, first_token_at=1.5, finished_at=2.0),
+                   worker="w-0"),
+        ErrorEvent(request_id=None, code="invalid_request", message="not JSON"),
+    ]
+    for event in events:
+        back = decode_result(encode(event))
+        assert back == event and type(back) is type(event)
+    assert events[1].timings.ttft == 0.5 and events[1].usage.total_tokens == 5
+    assert orjson.loads(encode(events[2]))["final"] is True
+
+
+@pytest.mark.parametrize("obj, field, words", [
+    ({"type": "bogus", "request_id": "r"}, None, "does not match"),
+    ({"request_id": "r", "text": "x"}, None, "type"),
+    ({"type": "final", "request_id": "r", "text": "x", "finish_reason": "done"},
+     "finish_reason", "'stop'"),
+    ({"type": "final", "request_id": "r", "text": 1, "finish_reason": "stop"}, "text", "string"),
+    ({"type": "token", "request_id": "r", "index": -1, "token_ids": []}, "index", "greater"),
+    ({"type": "token", "request_id": "r", "index": 0, "token_ids": [], "extra": 1}, "extra",
+     "unknown field"),
+    ({"type": "error", "request_id": "r", "code": "Bad Code", "message": "m"}, "code", "pattern"),
+    ({"type": "error", "request_id": "r", "code": "x", "message": "m", "final": False}, "final",
+     "True"),
+    ({"type": "final", "request_id": "r", "text": "x", "finish_reason": "stop",
+      "usage": {"prompt_tokens": -1}}, "usage.prompt_tokens", "greater"),
+])
+def test_bad_result_events(obj, field, words):
+    with pytest.raises(SchemaError) as info:
+        decode_result(orjson.dumps(obj))
+    assert info.value.field == field, str(info.value)
+    assert words in str(info.value)
+    assert info.value.request_id == "r"
+
+
+def test_decode_result_rejects_non_objects():
+    for data in (b"", b"null", b"1", b"\x00"):
+        with pytest.raises(SchemaError):
+            decode_result(data)
