@@ -1,0 +1,251 @@
+"""Triton unified paged attention: the kernel behind `attention.paged_attention_ref`.
+
+One launch serves the engine's whole mixed batch (decodes and prefill chunks after a cached
+prefix); the layout is the one documented in kernels/attention.py.
+
+Work split. A program owns one *query block* of one sequence and one KV head: BLOCK_Q
+consecutive query tokens times the GROUP query heads that read that KV head, packed as the
+BLOCK_M rows of one tile, so K and V are loaded once per KV head and shared by the group:
+
+    row r of the tile:   token  = q_block_start + r // GROUP
+                         q head = kv_head * GROUP + r % GROUP       (rows >= BLOCK_Q * GROUP idle)
+
+Query blocks are numbered across the batch without a host sync: sequence b's blocks start
+at `query_start_loc[b] // BLOCK_Q + b`, so `T // BLOCK_Q + B` programs always suffice, and a
+program finds its sequence by binary search over query_start_loc (surplus programs exit).
+
+    grid = (T // BLOCK_Q + B, Hkv, NUM_SPLITS)
+
+The program walks its context in tiles of TILE_N keys, each key's cache row found through
+the block table (so TILE_N and the cache block size are independent), with an online
+softmax in fp32 (flash-attention): memory stays linear in the context length.
+
+Split-KV (flash-decoding): with few programs and long contexts the GPU would idle, so the
+wrapper may cut each context into NUM_SPLITS ranges of tiles; each split writes its
+unnormalised accumulator with its running max and sum, and a second kernel merges them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_util import check_device, is_cuda, num_sms
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """The last sequence b whose first query block (query_start_loc[b] // BLOCK_Q + b) <= q_block."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr, m_ptr, l_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    scale_log2, num_seqs,
+    stride_qt, stride_qh,
+    stride_ot, stride_oh, stride_os,      # out: [T, Hq, D], or [T, Hq, S, D] fp32 partials
+    stride_mt, stride_mh,                 # m, l: [T, Hq, S] (split path only)
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    BLOCK_SIZE: tl.constexpr,             # rows per cache block
+    GROUP: tl.constexpr,                  # query heads per KV head
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    b = _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + b)
+    q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
+    local_block = q_block - (q_start // BLOCK_Q + b)
+    if local_block * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+    cached = seq_len - q_len              # new tokens sit at positions cached .. seq_len - 1
+
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = local_block * BLOCK_Q + rows // GROUP          # token index within the sequence
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
+    q_pos = cached + q_idx
+    d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = d < HEAD_DIM
+
+    q_rows = (q_start + q_idx).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    # Keys up to the last valid row's position; causality masks the rest inside tiles.
+    kv_end = tl.minimum(seq_len, cached + tl.minimum((local_block + 1) * BLOCK_Q, q_len))
+    num_tiles = tl.cdiv(kv_end, TILE_N)
+    if NUM_SPLITS == 1:
+        tile_lo = 0
+        tile_hi = num_tiles
+    else:
+        per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        tile_lo = split * per_split
+        tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    block_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+
+    for tile in range(tile_lo, tile_hi):
+        k_pos = tile * TILE_N + tl.arange(0, TILE_N)
+        k_ok = k_pos < kv_end
+        block = tl.load(block_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+        offset = k_pos % BLOCK_SIZE
+        k = tl.load(k_cache_ptr + block[None, :] * stride_kb + offset[None, :] * stride_ks
+                    + kv_head * stride_kh + d[:, None],
+                    mask=k_ok[None, :] & d_ok[:, None], other=0.0)           # [D, TILE_N]
+        v = tl.load(v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
+                    + kv_head * stride_vh + d[None, :],
+                    mask=k_ok[:, None] & d_ok[None, :], other=0.0)           # [TILE_N, D]
+
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2       # log2 domain
+        s = tl.where((k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # NOTE: a row with no visible key yet keeps max -inf; shift by 0 so that
+        # exp2(-inf - -inf) never makes a NaN (its p and alpha are then 0).
+        m_new = tl.where(m_new > float("-inf"), m_new, 0.0)
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        # Partials, written even for an empty split (m = -inf, l = 0, acc = 0) so the merge
+        # never reads uninitialised memory.
+        tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh
+                 + split * stride_os + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+        ml = q_rows * stride_mt + head * stride_mh + split
+        tl.store(m_ptr + ml, m_i, mask=row_ok)
+        tl.store(l_ptr + ml, l_i, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr, acc_ptr, m_ptr, l_ptr,
+    stride_ot, stride_oh, stride_at, stride_ah, stride_as, stride_mt, stride_mh,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+):
+    """out[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M = max_s m_s."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, SPLITS_PAD)
+    s_ok = s < NUM_SPLITS
+    d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = d < HEAD_DIM
+    m = tl.load(m_ptr + t * stride_mt + h * stride_mh + s, mask=s_ok, other=float("-inf"))
+    l = tl.load(l_ptr + t * stride_mt + h * stride_mh + s, mask=s_ok, other=0.0)
+    m_max = tl.max(m, axis=0)      # finite: split 0 always sees key 0
+    w = tl.math.exp2(m - m_max)
+    acc = tl.load(acc_ptr + t * stride_at + h * stride_ah + s[:, None] * stride_as + d[None, :],
+                  mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def _choose_num_splits(programs: int, max_context: int, tile_n: int) -> int:
+    """Split the context only when the plain grid would leave most of the GPU idle and
+    there is enough context to share: a power of two (bounded compiles), <= 32."""
+    if max_context < 2048:
+        return 1
+    target = 2 * num_sms()
+    if programs >= target:
+        return 1
+    splits = 1
+    while splits < 32 and programs * splits < target and max_context // (2 * splits) >= 8 * tile_n:
+        splits *= 2
+    return splits
+
+
+def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                           query_start_loc: torch.Tensor, scale: float,
+                           num_splits: int | None = None) -> torch.Tensor:
+    """Same contract as `paged_attention_ref`. `num_splits` forces the split-KV path
+    (None: chosen from the grid size and block_tables' width, with no host sync)."""
+    T, Hq, D = q.shape
+    num_blocks, block_size, Hkv, Dk = k_cache.shape
+    B = seq_lens.shape[0]
+    assert Dk == D and v_cache.shape == k_cache.shape, (q.shape, k_cache.shape, v_cache.shape)
+    assert Hq % Hkv == 0, f"query heads {Hq} not a multiple of KV heads {Hkv}"
+    assert q.dtype == k_cache.dtype == v_cache.dtype, (q.dtype, k_cache.dtype, v_cache.dtype)
+    assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1, "head dim must be contiguous"
+    assert block_tables.dim() == 2 and block_tables.shape[0] == B and block_tables.stride(1) == 1
+    assert query_start_loc.shape == (B + 1,) and query_start_loc.is_contiguous() and seq_lens.is_contiguous()
+    assert block_tables.dtype == seq_lens.dtype == query_start_loc.dtype == torch.int32
+    check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+
+    out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+    if T == 0:
+        return out
+    group = Hq // Hkv
+    head_dim_pad = max(16, triton.next_power_of_2(D))
+    # Rows of one tile: BLOCK_Q tokens x GROUP heads. Decode-heavy batches use small tiles
+    # (one token per sequence would waste most of a big one); prefill chunks larger ones.
+    prefill_heavy = T >= 4 * B
+    block_m = max(64 if prefill_heavy and is_cuda(q) else 16, triton.next_power_of_2(group))
+    block_q = block_m // group
+    if not is_cuda(q):
+        tile_n = 16          # the interpreter: small tiles keep tests' contexts multi-tile
+    else:
+        tile_n = 64 if prefill_heavy and D <= 64 else 32
+    programs = (T // block_q + B) * Hkv
+    if num_splits is None:
+        num_splits = _choose_num_splits(programs, block_tables.shape[1] * block_size, tile_n)
+    assert num_splits >= 1
+
+    dot_precision = "ieee" if q.dtype == torch.float32 else None
+    grid = (T // block_q + B, Hkv, num_splits)
+    common = dict(BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad,
+                  BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=tile_n, NUM_SPLITS=num_splits,
+                  DOT_PRECISION=dot_precision, num_warps=4, num_stages=2)
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale * LOG2E, B,
+            q.stride(0), q.stride(1))
+    cache_strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                     v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0))
+    if num_splits == 1:
+        _paged_attention_kernel[grid](out, out, out, *args, out.stride(0), out.stride(1), 0, 0, 0,
+                                      *cache_strides, **common)
+        return out
+
+    acc = torch.empty((T, Hq, num_splits, D), dtype=torch.float32, device=q.device)
+    m = torch.empty((T, Hq, num_splits), dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    _paged_attention_kernel[grid](acc, m, l, *args, acc.stride(0), acc.stride(1), acc.stride(2),
+                                  m.stride(0), m.stride(1), *cache_strides, **common)
+    _merge_splits_kernel[(T, Hq)](out, acc, m, l, out.stride(0), out.stride(1),
+                                  acc.stride(0), acc.stride(1), acc.stride(2), m.stride(0), m.stride(1),
+                                  NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
+                                  HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad, num_warps=4)
+    return out
+

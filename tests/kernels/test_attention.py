@@ -1,0 +1,87 @@
+"""Triton unified paged attention against the torch reference, under the interpreter on CPU."""
+
+import random
+
+import pytest
+import torch
+
+from kernels.attention import paged_attention_ref
+from kernels.triton_attention import _choose_num_splits, paged_attention_triton
+from tests.kernels.batches import make_batch
+
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=4e-3, rtol=4e-3)}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check(batch, dtype, num_splits=None):
+    args = [t.to(DEVICE) for t in batch.args()]
+    scale = batch.q.shape[-1] ** -0.5
+    out = paged_attention_triton(*args, scale, num_splits=num_splits)
+    ref = paged_attention_ref(*args, scale)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
+
+
+# (cached_len, q_len) per sequence, block size 16: decodes whose context ends mid-block (40)
+# and exactly on a block edge (16, 32), a prefill chunk after a prefix, a fresh prefill, and
+# sequences 0 and 1 sharing their first two cached blocks.
+MIXED = [(35, 5), (39, 1), (0, 9), (15, 1), (31, 1), (20, 12)]
+
+
+@pytest.mark.parametrize("dtype,head_dim,q_heads,kv_heads", [
+    (torch.float32, 64, 8, 2),     # GQA 4
+    (torch.float16, 128, 6, 2),    # GQA 3
+    (torch.float16, 64, 2, 2),     # GQA 1 (multi-head)
+])
+def test_mixed_batch_with_shared_prefix(dtype, head_dim, q_heads, kv_heads):
+    batch = make_batch(MIXED, block_size=16, q_heads=q_heads, kv_heads=kv_heads,
+                       head_dim=head_dim, dtype=dtype, seed=1, shared_blocks=2)
+    assert torch.equal(batch.block_tables[0, :2], batch.block_tables[1, :2])
+    check(batch, dtype)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_batches(seed):
+    rng = random.Random(seed)
+    block_size = rng.choice([8, 16])
+    seqs = []
+    for _ in range(rng.randint(2, 5)):
+        cached = rng.choice([0, block_size, rng.randint(1, 3 * block_size)])
+        q_len = 1 if rng.random() < 0.5 else rng.randint(2, 2 * block_size)
+        seqs.append((cached, q_len))
+    dtype = rng.choice([torch.float32, torch.float16])
+    q_heads, kv_heads = rng.choice([(4, 4), (6, 2), (8, 2)])
+    batch = make_batch(seqs, block_size=block_size, q_heads=q_heads, kv_heads=kv_heads,
+                       head_dim=rng.choice([64, 128]), dtype=dtype, seed=seed)
+    check(batch, dtype)
+
+
+@pytest.mark.parametrize("dtype,head_dim,num_splits", [
+    (torch.float32, 128, 4),
+    (torch.float16, 64, 3),
+])
+def test_split_kv(dtype, head_dim, num_splits):
+    # Long-ish decodes (some splits get no tiles for the short one) and a prefill chunk.
+    seqs = [(70, 1), (16, 1), (40, 6)]
+    batch = make_batch(seqs, block_size=8, q_heads=8, kv_heads=2, head_dim=head_dim,
+                       dtype=dtype, seed=3, shared_blocks=2)
+    check(batch, dtype, num_splits=num_splits)
+
+
+def test_empty_query_sequence_and_strided_q():
+    # A sequence with no new tokens this step, and q as a view of a fused qkv projection.
+    batch = make_batch([(9, 1), (12, 0), (3, 4)], block_size=8, q_heads=4, kv_heads=2,
+                       head_dim=64, dtype=torch.float32, seed=4)
+    T = batch.q.shape[0]
+    qkv = torch.randn(T, 4 + 2 * 2, 64)
+    qkv[:, :4] = batch.q
+    batch.q = qkv[:, :4]
+    assert not batch.q.is_contiguous()
+    check(batch, torch.float32)
+
+
+def test_split_choice():
+    assert _choose_num_splits(programs=8, max_context=512, tile_n=32) == 1       # short
+    assert _choose_num_splits(programs=4096, max_context=32768, tile_n=32) == 1  # busy grid
+    assert _choose_num_splits(programs=8, max_context=32768, tile_n=32) == 32    # 1 seq, long
+    assert 1 < _choose_num_splits(programs=64, max_context=8192, tile_n=32) <= 8
