@@ -39,8 +39,10 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
     """The last sequence b whose first query block (query_start_loc[b] // BLOCK_Q + b) <= q_block."""
-    lo = 0
-    hi = num_seqs
+    # Tensors from the start: a loop-carried int must keep one type when compiled (and
+    # num_seqs == 1 would be specialised to a constant).
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], 0, tl.int32) + num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
         first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
@@ -145,7 +147,9 @@ def _paged_attention_kernel(
         tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh
                  + split * stride_os + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
         ml = q_rows * stride_mt + head * stride_mh + split
-        tl.store(m_ptr + ml, m_i, mask=row_ok)
+        # A row that saw no key here has m = 0 (see above) and l = 0: store -inf so that the
+        # merge gives it weight 0 rather than 2^(0 - M), which can overflow.
+        tl.store(m_ptr + ml, tl.where(l_i > 0.0, m_i, float("-inf")), mask=row_ok)
         tl.store(l_ptr + ml, l_i, mask=row_ok)
 
 
@@ -171,6 +175,18 @@ def _merge_splits_kernel(
                   mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def _tile_config(T: int, B: int, group: int, head_dim: int, gpu: bool) -> tuple[int, int]:
+    """(BLOCK_M, TILE_N). A tile's rows are BLOCK_Q tokens x GROUP heads: decode-heavy
+    batches take 16 rows (one token per sequence would waste most of a bigger tile),
+    prefill-heavy ones (T >= 4 B tokens, no host sync) 64. Under the interpreter, 16-key
+    tiles keep the tests' short contexts multi-tile."""
+    prefill_heavy = T >= 4 * B
+    block_m = max(64 if prefill_heavy and gpu else 16, triton.next_power_of_2(group))
+    if not gpu:
+        return block_m, 16
+    return block_m, 64 if prefill_heavy and head_dim <= 64 else 32
 
 
 def _choose_num_splits(programs: int, max_context: int, tile_n: int) -> int:
@@ -210,15 +226,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     group = Hq // Hkv
     head_dim_pad = max(16, triton.next_power_of_2(D))
-    # Rows of one tile: BLOCK_Q tokens x GROUP heads. Decode-heavy batches use small tiles
-    # (one token per sequence would waste most of a big one); prefill chunks larger ones.
-    prefill_heavy = T >= 4 * B
-    block_m = max(64 if prefill_heavy and is_cuda(q) else 16, triton.next_power_of_2(group))
+    block_m, tile_n = _tile_config(T, B, group, D, gpu=is_cuda(q))
     block_q = block_m // group
-    if not is_cuda(q):
-        tile_n = 16          # the interpreter: small tiles keep tests' contexts multi-tile
-    else:
-        tile_n = 64 if prefill_heavy and D <= 64 else 32
     programs = (T // block_q + B) * Hkv
     if num_splits is None:
         num_splits = _choose_num_splits(programs, block_tables.shape[1] * block_size, tile_n)

@@ -85,3 +85,15 @@ def test_split_choice():
     assert _choose_num_splits(programs=4096, max_context=32768, tile_n=32) == 1  # busy grid
     assert _choose_num_splits(programs=8, max_context=32768, tile_n=32) == 32    # 1 seq, long
     assert 1 < _choose_num_splits(programs=64, max_context=8192, tile_n=32) <= 8
+
+
+def test_gpu_tile_config(monkeypatch):
+    # The configs the wrapper picks on CUDA (64-row tiles for a prefill-heavy batch, 32/64
+    # key tiles), run here under the interpreter.
+    import kernels.triton_attention as ta
+
+    monkeypatch.setattr(ta, "is_cuda", lambda t: True)
+    assert ta._tile_config(T=40, B=3, group=4, head_dim=64, gpu=True) == (64, 64)
+    batch = make_batch([(20, 30), (70, 1), (5, 9)], block_size=16, q_heads=8, kv_heads=2,
+                       head_dim=64, dtype=torch.float16, seed=5, shared_blocks=1)
+    check(batch, torch.float16)
