@@ -1,0 +1,67 @@
+"""Run the Alembic migrations in code: `upgrade(url)` (what `inflight db upgrade` calls).
+
+The Alembic Config is built here, with `script_location` = the installed `migrations`
+package folder, so it works from a wheel and from any working directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from schemas.errors import StoreError
+
+
+def migrations_dir() -> Path:
+    # NOTE: located, not imported (store imports only schemas; migrations imports store).
+    spec = importlib.util.find_spec("migrations")
+    if spec is None or not spec.submodule_search_locations:
+        raise StoreError("the 'migrations' package is not installed next to 'store'; "
+                         "reinstall inflight")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def alembic_config(url: str) -> Config:
+    from store.queries import normalize_url
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    # '%' is Alembic's interpolation character: escape it in passwords.
+    cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    cfg.attributes["programmatic"] = True
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Bring the database at `url` up to `revision` (creates the tables on an empty one)."""
+    from store.queries import redact
+    try:
+        command.upgrade(alembic_config(url), revision)
+    except (OperationalError, DBAPIError) as e:
+        raise StoreError(f"migrating {redact(url)} failed: {e.orig or e}. Check "
+                         "INFLIGHT_DATABASE_URL and that the server is up, then run "
+                         "`inflight db upgrade` again.") from e
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str) -> str | None:
+    from store.queries import normalize_url
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory(str(migrations_dir())).get_current_head()

@@ -1,0 +1,274 @@
+"""`Store`: an engine + sessionmaker and the queries the service needs.
+
+Idempotent upsert (the recorder's only write):
+
+    INSERT INTO requests (...) VALUES (...), (...), ...          -- one statement per batch
+    ON CONFLICT (id) DO UPDATE SET col = COALESCE(excluded.col, requests.col), ...
+    WHERE rank(excluded.status) > rank(requests.status)
+       OR (rank(excluded.status) = rank(requests.status) AND rank(requests.status) < 2)
+
+NOTE: so a final row (completed/failed/cancelled/expired), once written, is never
+overwritten — not by a duplicate final (first wins), not by a late queued/running; a
+NULL in the new row never erases a value already stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import case, create_engine, event, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from schemas.errors import StoreError
+from store.models import (FINAL_STATUSES, QUEUED, STATUS_RANK, STATUSES, BatchRow, RequestRow,
+                          utcnow)
+
+_REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
+_KEEP_ON_CONFLICT = {"id", "created_at"}
+_BATCH_UPDATABLE = {"status", "total", "completed", "failed", "cancelled", "input", "output",
+                    "error", "meta", "finished_at", "expires_at"}
+UPSERT_CHUNK = 500  # rows per INSERT statement (SQLite caps bound parameters)
+
+
+def normalize_url(url: str) -> str:
+    """`postgres://` and `postgresql://` mean psycopg 3 here (psycopg2 is not installed)."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def redact(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 — only used inside error messages
+        return "<unparseable URL>"
+
+
+def _rank(column: Any) -> Any:
+    return case({s: r for s, r in STATUS_RANK.items()}, value=column, else_=0)
+
+
+def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """The upsert's rule, in Python: fold duplicates of one id within one batch."""
+    if old is None:
+        return new
+    r_old, r_new = STATUS_RANK[old["status"]], STATUS_RANK[new["status"]]
+    if r_new > r_old or (r_new == r_old and r_old < 2):
+        return {k: (new[k] if new[k] is not None or k in _KEEP_ON_CONFLICT else old[k])
+                for k in new} | {"created_at": old["created_at"],
+                                 "attempts": max(old["attempts"], new["attempts"])}
+    return old
+
+
+class Store:
+    """The SQL store. `Store(url)` expects migrated tables (run `inflight db upgrade`);
+    `Store(url, create=True)` runs the Alembic migrations first (tests, embedded SQLite)."""
+
+    def __init__(self, url: str, *, create: bool = False, echo: bool = False):
+        self.url = normalize_url(url)
+        kwargs: dict[str, Any] = {"pool_pre_ping": True, "echo": echo}
+        self.dialect = make_url(self.url).get_backend_name()
+        if self.dialect == "sqlite":
+            kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
+        elif self.dialect != "postgresql":
+            raise StoreError(f"unsupported database {redact(self.url)}: use postgresql+psycopg:// "
+                             "or sqlite:/// (setting INFLIGHT_DATABASE_URL)")
+        try:
+            self.engine: Engine = create_engine(self.url, **kwargs)
+        except (SQLAlchemyError, ImportError) as e:
+            raise StoreError(f"cannot open database {redact(self.url)}: {e}") from e
+        if self.dialect == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        # attempts never go down (SQLite's two-argument max() is GREATEST)
+        self._greatest = func.greatest if self.dialect == "postgresql" else func.max
+        if create:
+            from store.migrate import upgrade
+            upgrade(self.url)
+
+    @classmethod
+    def embedded(cls, url: str) -> "Store":
+        """The embedded default: a SQLite file is created and migrated on first use (a
+        Postgres URL is not — production databases are migrated by `inflight db upgrade`)."""
+        norm = normalize_url(url)
+        if make_url(norm).get_backend_name() == "sqlite":
+            database = make_url(norm).database
+            if database and database != ":memory:":
+                from pathlib import Path
+                Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            return cls(norm, create=True)
+        return cls(norm)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        """A transaction; database trouble becomes StoreError (callers retry)."""
+        try:
+            with self.sessions.begin() as s:
+                yield s
+        except (OperationalError, DBAPIError) as e:
+            if isinstance(e, OperationalError) or e.connection_invalidated:
+                raise StoreError(
+                    f"database {redact(self.url)} is unreachable or failed: {e.orig or e}. "
+                    "Check INFLIGHT_DATABASE_URL and that the server is up; the operation "
+                    "was not applied and can be retried.") from e
+            raise StoreError(f"database error on {redact(self.url)}: {e.orig or e}") from e
+
+    # --- requests ---------------------------------------------------------------------
+
+    def upsert_requests(self, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Insert or move forward request rows by id, idempotently (see module doc).
+
+        Each row is a mapping of `requests` columns; `id` and `status` are required, the
+        rest optional (see store.rows for builders). Returns the number of distinct ids sent.
+        """
+        merged: dict[str, dict[str, Any]] = {}
+        now = utcnow()
+        for row in rows:
+            unknown = set(row) - set(_REQUEST_COLUMNS)
+            if unknown:
+                raise ValueError(f"unknown requests column(s) {sorted(unknown)}")
+            if row.get("status") not in STATUSES:
+                raise ValueError(f"row {row.get('id')!r}: status {row.get('status')!r} is not "
+                                 f"one of {STATUSES}")
+            if not row.get("id"):
+                raise ValueError("row without id")
+            full = {c: row.get(c) for c in _REQUEST_COLUMNS}
+            full["created_at"] = full["created_at"] or now
+            full["attempts"] = full["attempts"] or 0
+            full["updated_at"] = now
+            merged[full["id"]] = _merge(merged.get(full["id"]), full)
+        values = list(merged.values())
+        if not values:
+            return 0
+        table = RequestRow.__table__
+        with self.session() as s:
+            for start in range(0, len(values), UPSERT_CHUNK):
+                stmt = self._insert(table).values(values[start:start + UPSERT_CHUNK])
+                new, old = stmt.excluded, table.c
+                r_new, r_old = _rank(new.status), _rank(old.status)
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=[table.c.id],
+                    set_={c: func.coalesce(new[c], old[c])
+                          for c in _REQUEST_COLUMNS if c not in _KEEP_ON_CONFLICT}
+                    | {"attempts": self._greatest(new.attempts, old.attempts)},
+                    where=(r_new > r_old) | ((r_new == r_old) & (r_old < 2)))
+                s.execute(stmt)
+        return len(values)
+
+    def get_request(self, request_id: str) -> RequestRow | None:
+        with self.session() as s:
+            return s.get(RequestRow, request_id)
+
+    def get_requests(self, request_ids: Iterable[str]) -> dict[str, RequestRow]:
+        ids = list(request_ids)
+        if not ids:
+            return {}
+        with self.session() as s:
+            rows = s.scalars(select(RequestRow).where(RequestRow.id.in_(ids))).all()
+            return {r.id: r for r in rows}
+
+    def list_batch(self, batch_id: str, *, status: str | Iterable[str] | None = None,
+                   after: str | None = None, limit: int = 1000) -> list[RequestRow]:
+        """A batch's requests ordered by id; page with `after=<last id>`."""
+        q = select(RequestRow).where(RequestRow.batch_id == batch_id)
+        if status is not None:
+            q = q.where(RequestRow.status.in_([status] if isinstance(status, str) else list(status)))
+        if after is not None:
+            q = q.where(RequestRow.id > after)
+        with self.session() as s:
+            return list(s.scalars(q.order_by(RequestRow.id).limit(limit)).all())
+
+    def count_by_status(self, batch_id: str | None = None) -> dict[str, int]:
+        """{status: count} with every status present (zeros included)."""
+        q = select(RequestRow.status, func.count()).group_by(RequestRow.status)
+        if batch_id is not None:
+            q = q.where(RequestRow.batch_id == batch_id)
+        counts = dict.fromkeys(STATUSES, 0)
+        with self.session() as s:
+            for status, n in s.execute(q):
+                counts[status] = n
+        return counts
+
+    # --- batches ----------------------------------------------------------------------
+
+    def create_batch(self, batch_id: str, *, input: str | None = None, total: int = 0,
+                     metadata: dict[str, Any] | None = None, expires_at: datetime | None = None,
+                     status: str = QUEUED) -> BatchRow:
+        """Create a batch row; creating an existing id again returns it unchanged."""
+        now = utcnow()
+        table = BatchRow.__table__
+        stmt = self._insert(table).values(
+            id=batch_id, status=status, total=total, completed=0, failed=0, cancelled=0,
+            input=input, metadata=metadata, created_at=now, updated_at=now,
+            expires_at=expires_at).on_conflict_do_nothing(index_elements=[table.c.id])
+        with self.session() as s:
+            s.execute(stmt)
+        row = self.get_batch(batch_id)
+        assert row is not None  # just written in a committed transaction
+        return row
+
+    def get_batch(self, batch_id: str) -> BatchRow | None:
+        with self.session() as s:
+            return s.get(BatchRow, batch_id)
+
+    def update_batch(self, batch_id: str, **fields: Any) -> BatchRow:
+        """Set batch columns (status, total, completed, failed, cancelled, input, output,
+        error, meta, finished_at, expires_at). A final batch keeps its status."""
+        unknown = set(fields) - _BATCH_UPDATABLE
+        if unknown:
+            raise ValueError(f"cannot update batch column(s) {sorted(unknown)}; "
+                             f"allowed: {sorted(_BATCH_UPDATABLE)}")
+        with self.session() as s:
+            row = s.get(BatchRow, batch_id, with_for_update=self.dialect == "postgresql")
+            if row is None:
+                raise StoreError(f"batch {batch_id!r} does not exist; create it first")
+            if row.is_final and fields.get("status", row.status) != row.status:
+                fields = {k: v for k, v in fields.items() if k != "status"}
+            for key, value in fields.items():
+                setattr(row, key, value)
+            if fields.get("status") in FINAL_STATUSES and row.finished_at is None:
+                row.finished_at = utcnow()
+            row.updated_at = utcnow()
+            return row
+
+    def refresh_batch_counts(self, batch_id: str) -> BatchRow:
+        """Recompute completed/failed/cancelled from the batch's request rows."""
+        c = self.count_by_status(batch_id)
+        with self.session() as s:
+            s.execute(update(BatchRow).where(BatchRow.id == batch_id).values(
+                completed=c["completed"], failed=c["failed"],
+                cancelled=c["cancelled"] + c["expired"], updated_at=utcnow()))
+        row = self.get_batch(batch_id)
+        if row is None:
+            raise StoreError(f"batch {batch_id!r} does not exist; create it first")
+        return row
+
+
+_pragma_lock = threading.Lock()
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # WAL lets the recorder write while others read; busy_timeout waits out short locks.
+    with _pragma_lock:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()

@@ -1,0 +1,51 @@
+"""Wire events → `requests` rows (plain dicts of column values) for `Store.upsert_requests`."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from schemas.events import ERR_CANCELLED, ERR_EXPIRED, ErrorEvent, FinalEvent
+from schemas.requests import InferenceRequest
+from store.models import CANCELLED, COMPLETED, EXPIRED, FAILED, QUEUED, RUNNING
+
+# engine finish reason -> final request status
+FINISH_TO_STATUS = {"stop": COMPLETED, "length": COMPLETED, "abort": CANCELLED, "error": FAILED}
+_ERROR_CODE_TO_STATUS = {ERR_CANCELLED: CANCELLED, ERR_EXPIRED: EXPIRED}
+
+
+def _ts(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc)
+
+
+def queued_row(req: InferenceRequest) -> dict[str, Any]:
+    return {"id": req.request_id, "batch_id": req.batch_id, "status": QUEUED,
+            "priority": req.priority, "prompt": req.prompt_json(),
+            "params": req.params.model_dump(mode="json"),
+            "created_at": _ts(req.submitted_at)}
+
+
+def running_row(request_id: str, *, worker: str | None = None, attempts: int | None = None,
+                started_at: float | None = None, batch_id: str | None = None) -> dict[str, Any]:
+    return {"id": request_id, "status": RUNNING, "worker": worker, "attempts": attempts,
+            "started_at": _ts(started_at), "batch_id": batch_id}
+
+
+def final_row(event: FinalEvent) -> dict[str, Any]:
+    t = event.timings
+    return {"id": event.request_id, "batch_id": event.batch_id,
+            "status": FINISH_TO_STATUS[event.finish_reason], "output": event.text,
+            "output_token_ids": list(event.token_ids), "finish_reason": event.finish_reason,
+            "usage": event.usage.model_dump(mode="json"),
+            "timings": t.model_dump(mode="json"), "worker": event.worker,
+            "started_at": _ts(t.scheduled_at if t.scheduled_at is not None else t.queued_at),
+            "finished_at": _ts(t.finished_at)}
+
+
+def error_row(event: ErrorEvent, *, now: float | None = None) -> dict[str, Any]:
+    if event.request_id is None:
+        raise ValueError("an ErrorEvent without request_id has no row; it lives in the DLQ only")
+    status = _ERROR_CODE_TO_STATUS.get(event.code, FAILED)
+    return {"id": event.request_id, "batch_id": event.batch_id, "status": status,
+            "finish_reason": "error" if status == FAILED else "abort", "error": event.message, "error_code": event.code, "worker": event.worker,
+            "finished_at": _ts(now) if now is not None else datetime.now(timezone.utc)}

@@ -1,0 +1,110 @@
+"""Shared fixtures. Each block below belongs to one area; keep them separate."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+
+# ==== Postgres (store) ==================================================================
+# `postgres_url`: a fresh, uniquely named database on 127.0.0.1:5432 for the whole test
+# session, dropped at the end. Skips when Postgres is unreachable — except with
+# INFLIGHT_TEST_POSTGRES=required (CI), where that is a failure.
+# Override the server with INFLIGHT_TEST_POSTGRES_URL (any database on it; the fixture
+# creates its own next to it).
+
+PG_DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def _pg_unavailable(reason: str) -> None:
+    if os.environ.get("INFLIGHT_TEST_POSTGRES", "").lower() == "required":
+        pytest.fail(f"Postgres is required (INFLIGHT_TEST_POSTGRES=required) but {reason}",
+                    pytrace=False)
+    pytest.skip(f"Postgres not available: {reason}")
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    try:
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.engine import make_url
+    except ImportError as e:  # pragma: no cover
+        _pg_unavailable(f"sqlalchemy missing: {e}")
+    base = os.environ.get("INFLIGHT_TEST_POSTGRES_URL", PG_DEFAULT_URL)
+    if base.startswith(("postgres://", "postgresql://")):
+        base = "postgresql+psycopg://" + base.split("://", 1)[1]
+    admin_url = make_url(base).set(database="postgres")
+    name = f"inflight_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as e:  # noqa: BLE001 — any failure to reach/create means "no Postgres"
+        admin.dispose()
+        _pg_unavailable(f"cannot create a test database via {admin_url.render_as_string()}: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    try:
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A database URL per backend: a fresh SQLite file, or the session's Postgres database
+    (shared by tests: use unique ids, or the `store` fixture of tests/store)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'inflight.db'}"
+    return request.getfixturevalue("postgres_url")
+
+# ==== end Postgres ======================================================================
+
+
+# ==== Embedded broker ===================================================================
+# `broker`: one Tansu process per test session on a free port (memory storage).
+# `kafka_settings`: Settings pointed at it, with topic names unique to the test, so tests
+# sharing the broker never see each other's messages; the topics are created up front.
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    from inflight.broker import EmbeddedBroker
+
+    b = EmbeddedBroker(log_path=tmp_path_factory.mktemp("broker") / "tansu.log")
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def kafka_settings(broker, tmp_path):
+    from inflight.topics import create_topics
+    from schemas.settings import Settings
+
+    tag = uuid.uuid4().hex[:8]
+    s = Settings(
+        kafka_bootstrap=broker.bootstrap,
+        kafka_session_timeout_ms=2000,  # Tansu: a group join takes about half of this
+        kafka_heartbeat_interval_ms=500,
+        topic_requests=f"t{tag}.requests",
+        topic_requests_batch=f"t{tag}.requests.batch",
+        topic_results=f"t{tag}.results",
+        topic_dlq=f"t{tag}.requests.dlq",
+        topic_cancel=f"t{tag}.cancel",
+        worker_group=f"t{tag}-workers",
+        recorder_group=f"t{tag}-recorder",
+        database_url=f"sqlite:///{tmp_path / 'inflight.db'}",
+        cache_dir=tmp_path / "cache",
+        data_dir=tmp_path / "data",
+    )
+    create_topics(s, partitions=2)
+    return s
+
+# ==== end embedded broker ===============================================================

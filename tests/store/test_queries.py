@@ -1,0 +1,185 @@
+"""Idempotent upserts and lookups, on SQLite and Postgres."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from schemas import ErrorEvent, FinalEvent, InferenceRequest, StoreError, Timings, Usage
+from store import (STATUSES, Store, error_row, final_row, queued_row, running_row)
+
+
+def final(rid: str, text: str, **kw):
+    return {"id": rid, "status": "completed", "output": text, "finish_reason": "stop", **kw}
+
+
+def test_insert_then_move_forward(store: Store):
+    req = InferenceRequest(request_id="r1", prompt="hello", batch_id="b1")
+    store.upsert_requests([queued_row(req)])
+    row = store.get_request("r1")
+    assert row.status == "queued" and row.prompt == "hello" and row.batch_id == "b1"
+    assert row.params["max_tokens"] == req.params.max_tokens and row.attempts == 0
+    assert row.created_at.tzinfo is not None
+
+    store.upsert_requests([running_row("r1", worker="w0", attempts=1, started_at=1.0e9)])
+    row = store.get_request("r1")
+    assert (row.status, row.worker, row.attempts) == ("running", "w0", 1)
+    assert row.started_at == datetime.fromtimestamp(1.0e9, timezone.utc)
+
+    ev = FinalEvent(request_id="r1", text="hi there", token_ids=[5, 6], finish_reason="length",
+                    usage=Usage(prompt_tokens=2, completion_tokens=2),
+                    timings=Timings(queued_at=1.0e9, finished_at=1.0e9 + 2), worker="w0")
+    store.upsert_requests([final_row(ev)])
+    row = store.get_request("r1")
+    assert row.status == "completed" and row.finish_reason == "length" and row.is_final
+    assert row.output == "hi there" and row.output_token_ids == [5, 6]
+    assert row.usage["completion_tokens"] == 2 and row.timings["finished_at"] == 1.0e9 + 2
+    assert row.prompt == "hello" and row.batch_id == "b1"  # NULLs in the final don't erase
+    assert row.attempts == 1 and row.updated_at >= row.created_at
+
+
+def test_duplicate_final_does_not_overwrite(store: Store):
+    store.upsert_requests([final("r", "first")])
+    store.upsert_requests([final("r", "second")])
+    store.upsert_requests([{"id": "r", "status": "failed", "error": "late"}])
+    row = store.get_request("r")
+    assert (row.status, row.output, row.error) == ("completed", "first", None)
+
+
+@pytest.mark.parametrize("late", ["queued", "running"])
+def test_late_queued_or_running_never_downgrades(store: Store, late):
+    store.upsert_requests([final("r", "done")])
+    store.upsert_requests([{"id": "r", "status": late, "worker": "late-worker", "attempts": 5}])
+    row = store.get_request("r")
+    assert (row.status, row.output, row.worker) == ("completed", "done", None)
+    store.upsert_requests([{"id": "q", "status": "running", "worker": "w1"}])
+    store.upsert_requests([{"id": "q", "status": "queued", "prompt": "late"}])
+    row = store.get_request("q")
+    assert row.status == "running" and row.prompt is None
+
+
+def test_batched_mixed_rows_in_one_call(store: Store):
+    rows = [{"id": f"m{i}", "status": "queued", "batch_id": "mix", "prompt": f"p{i}"}
+            for i in range(1200)]  # spans several INSERT statements
+    rows += [final("m1", "one"), {"id": "m1", "status": "running"},  # same id twice: final stays
+             final("m2", "two-a"), final("m2", "two-b"),            # first final wins
+             {"id": "m3", "status": "running", "worker": "w"},
+             {"id": "m4", "status": "cancelled", "finish_reason": "abort"}]
+    assert store.upsert_requests(rows) == 1200
+    got = store.get_requests(["m0", "m1", "m2", "m3", "m4", "nope"])
+    assert set(got) == {"m0", "m1", "m2", "m3", "m4"}
+    assert got["m1"].status == "completed" and got["m1"].prompt == "p1"
+    assert got["m2"].output == "two-a"
+    assert got["m3"].status == "running" and got["m4"].status == "cancelled"
+    # replaying the whole batch (at-least-once delivery) changes nothing
+    before = {r.id: (r.status, r.output) for r in store.list_batch("mix", limit=5000)}
+    store.upsert_requests(rows)
+    after = {r.id: (r.status, r.output) for r in store.list_batch("mix", limit=5000)}
+    assert before == after
+    counts = store.count_by_status("mix")
+    assert counts == {"queued": 1196, "running": 1, "completed": 2, "failed": 0,
+                      "cancelled": 1, "expired": 0}
+
+
+def test_get_list_count(store: Store):
+    assert store.get_request("missing") is None
+    assert store.count_by_status() == dict.fromkeys(STATUSES, 0)
+    store.upsert_requests([{"id": f"a{i:02d}", "status": "queued", "batch_id": "A"} for i in range(5)]
+                          + [{"id": "b0", "status": "queued", "batch_id": "B"},
+                             {"id": "solo", "status": "running"}])
+    store.upsert_requests([final("a01", "x"), {"id": "a02", "status": "failed", "error": "boom"}])
+    page1 = store.list_batch("A", limit=3)
+    assert [r.id for r in page1] == ["a00", "a01", "a02"]
+    assert [r.id for r in store.list_batch("A", after=page1[-1].id)] == ["a03", "a04"]
+    assert [r.id for r in store.list_batch("A", status="completed")] == ["a01"]
+    assert [r.id for r in store.list_batch("A", status=["failed", "completed"])] == ["a01", "a02"]
+    assert store.count_by_status("A")["queued"] == 3
+    total = store.count_by_status()
+    assert (total["queued"], total["running"], total["completed"], total["failed"]) == (4, 1, 1, 1)
+
+
+def test_error_rows(store: Store):
+    store.upsert_requests([error_row(ErrorEvent(request_id="e1", code="invalid_request",
+                                                message="params.top_p: bad"))])
+    store.upsert_requests([error_row(ErrorEvent(request_id="e2", code="cancelled", message="by user"))])
+    e1, e2 = store.get_request("e1"), store.get_request("e2")
+    assert (e1.status, e1.error_code, e1.finish_reason) == ("failed", "invalid_request", "error")
+    assert e1.finished_at is not None and e2.status == "cancelled"
+    with pytest.raises(ValueError):
+        error_row(ErrorEvent(request_id=None, code="invalid_request", message="x"))
+
+
+def test_concurrent_duplicate_finals_first_wins(db_url):
+    # two Store objects = two connection pools, like two recorder processes
+    a, b = Store(db_url, create=True), Store(db_url)
+    try:
+        for attempt in range(5):
+            rid = f"race-{attempt}"
+            a.upsert_requests([{"id": rid, "status": "running"}])
+            barrier = threading.Barrier(2)
+            errors = []
+
+            def write(s, text):
+                try:
+                    barrier.wait()
+                    s.upsert_requests([final(rid, text)])
+                except Exception as e:  # noqa: BLE001
+                    errors.append(e)
+
+            threads = [threading.Thread(target=write, args=(s, t)) for s, t in ((a, "A"), (b, "B"))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert not errors
+            row = a.get_request(rid)
+            assert row.status == "completed" and row.output in ("A", "B")
+            # whichever committed first stays; a third writer changes nothing
+            b.upsert_requests([final(rid, "C")])
+            assert a.get_request(rid).output == row.output
+    finally:
+        a.close()
+        b.close()
+
+
+def test_batches(store: Store):
+    exp = datetime.now(timezone.utc) + timedelta(days=1)
+    b = store.create_batch("batch-1", input="/data/in.jsonl", total=3, metadata={"k": "v"},
+                           expires_at=exp)
+    assert (b.status, b.total, b.input, b.meta) == ("queued", 3, "/data/in.jsonl", {"k": "v"})
+    assert abs((b.expires_at - exp).total_seconds()) < 1e-3
+    assert store.create_batch("batch-1", input="other").input == "/data/in.jsonl"  # idempotent
+    store.upsert_requests([final("x1", "a", batch_id="batch-1"),
+                           {"id": "x2", "status": "failed", "batch_id": "batch-1"},
+                           {"id": "x3", "status": "queued", "batch_id": "batch-1"}])
+    b = store.refresh_batch_counts("batch-1")
+    assert b.counts == {"total": 3, "completed": 1, "failed": 1, "cancelled": 0}
+    b = store.update_batch("batch-1", status="completed", output="/data/out.jsonl")
+    assert b.status == "completed" and b.finished_at is not None and b.output == "/data/out.jsonl"
+    assert store.update_batch("batch-1", status="running").status == "completed"  # final stays
+    with pytest.raises(ValueError):
+        store.update_batch("batch-1", id="other")
+    with pytest.raises(StoreError):
+        store.update_batch("no-such-batch", status="running")
+    assert store.get_batch("no-such-batch") is None
+
+
+def test_bad_rows_are_rejected(store: Store):
+    with pytest.raises(ValueError):
+        store.upsert_requests([{"id": "r", "status": "done"}])
+    with pytest.raises(ValueError):
+        store.upsert_requests([{"id": "r", "status": "queued", "colour": "red"}])
+    assert store.upsert_requests([]) == 0
+
+
+def test_unreachable_database_raises_store_error(tmp_path):
+    s = Store("postgresql://postgres@127.0.0.1:1/nowhere")  # also: plain postgresql:// → psycopg
+    with pytest.raises(StoreError, match="unreachable"):
+        s.get_request("r")
+    s.close()
+    s = Store(f"sqlite:///{tmp_path}/no/such/dir/x.db")
+    with pytest.raises(StoreError, match="retried"):
+        s.upsert_requests([{"id": "r", "status": "queued"}])
+    s.close()
