@@ -14,6 +14,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from schemas.errors import StoreError
@@ -40,7 +41,11 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Bring the database at `url` up to `revision` (creates the tables on an empty one)."""
-    from store.queries import redact
+    from store.queries import normalize_url, redact
+    sqlite_file = make_url(normalize_url(url))
+    if sqlite_file.get_backend_name() == "sqlite" and sqlite_file.database not in (None, "", ":memory:"):
+        # the embedded default lives under the user's data dir, which may not exist yet
+        Path(sqlite_file.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     try:
         command.upgrade(alembic_config(url), revision)
     except (OperationalError, DBAPIError) as e:

@@ -100,13 +100,7 @@ class Store:
         """The embedded default: a SQLite file is created and migrated on first use (a
         Postgres URL is not — production databases are migrated by `inflight db upgrade`)."""
         norm = normalize_url(url)
-        if make_url(norm).get_backend_name() == "sqlite":
-            database = make_url(norm).database
-            if database and database != ":memory:":
-                from pathlib import Path
-                Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-            return cls(norm, create=True)
-        return cls(norm)
+        return cls(norm, create=make_url(norm).get_backend_name() == "sqlite")
 
     def close(self) -> None:
         self.engine.dispose()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from schemas import ErrorEvent, FinalEvent, InferenceRequest, StoreError, Timings, Usage
-from store import (STATUSES, Store, error_row, final_row, queued_row, running_row)
+from store import STATUS_RANK, STATUSES, Store, error_row, final_row, queued_row, running_row
 
 
 def final(rid: str, text: str, **kw):
@@ -183,3 +186,27 @@ def test_unreachable_database_raises_store_error(tmp_path):
     with pytest.raises(StoreError, match="retried"):
         s.upsert_requests([{"id": "r", "status": "queued"}])
     s.close()
+
+
+_STATUS_SEQ = st.lists(st.tuples(st.sampled_from(STATUSES), st.integers(0, 9)), min_size=1, max_size=8)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(seq=_STATUS_SEQ, batched=st.booleans())
+def test_any_order_of_updates_ends_in_the_first_final(store: Store, seq, batched):
+    """Model: status only climbs ranks; the first final row written is the one kept."""
+    rid = f"prop-{uuid.uuid4().hex[:12]}"
+    rows = [{"id": rid, "status": s, "output": f"{s}-{n}"} for s, n in seq]
+    if batched:
+        store.upsert_requests(rows)
+    else:
+        for row in rows:
+            store.upsert_requests([row])
+    expect = None
+    for row in rows:
+        if expect is None or STATUS_RANK[row["status"]] > STATUS_RANK[expect["status"]] or (
+                STATUS_RANK[row["status"]] == STATUS_RANK[expect["status"]] < 2):
+            expect = row
+    got = store.get_request(rid)
+    assert (got.status, got.output) == (expect["status"], expect["output"])
