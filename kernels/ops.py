@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kernels.activation import silu_and_mul_ref
-from kernels.attention import paged_attention_ref
+from kernels.attention import paged_attention_torch
 from kernels.kv_write import write_kv_ref
 from kernels.rmsnorm import rms_norm_ref
 from kernels.rotary import rotary_ref
@@ -30,7 +30,7 @@ class KernelOps:
     silu_and_mul: Callable
 
 
-TORCH_OPS = KernelOps("torch", paged_attention_ref, write_kv_ref, rms_norm_ref, rotary_ref,
+TORCH_OPS = KernelOps("torch", paged_attention_torch, write_kv_ref, rms_norm_ref, rotary_ref,
                       silu_and_mul_ref)
 
 

@@ -1,0 +1,63 @@
+"""Engine configuration: one frozen dataclass, checked once, passed explicitly."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from schemas.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to build one engine.
+
+    - `model`: a Hugging Face folder (config.json, *.safetensors, tokenizer.json).
+    - `block_size`: tokens per KV block.
+    - `kv_cache_bytes` / `num_kv_blocks`: the KV budget; `num_kv_blocks` wins when set.
+    - `max_num_seqs`: most requests running at once; `max_num_batched_tokens`: tokens per
+      forward pass (the step budget; longer prompts are prefilled in chunks).
+    - `max_model_len`: context cap (default: the checkpoint's max_position_embeddings).
+    - `max_preemptions`: a request preempted more often than this fails with an error.
+    - `kernels`: "torch" | "triton" | None (see kernels.ops.resolve_backend).
+    - `debug_checks`: verify block-pool invariants after every step (tests turn it on).
+    """
+
+    model: str | os.PathLike
+    block_size: int = 16
+    kv_cache_bytes: int = 1 << 30
+    num_kv_blocks: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    kernels: str | None = None
+    max_preemptions: int = 16
+    debug_checks: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"EngineConfig.dtype={self.dtype!r} is not supported; "
+                              f"use one of {sorted(DTYPES)}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"EngineConfig.{name}={getattr(self, name)} must be >= 1")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ConfigError(f"EngineConfig.num_kv_blocks={self.num_kv_blocks} must be >= 1 "
+                              "(or None to size the cache from kv_cache_bytes)")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"EngineConfig.max_model_len={self.max_model_len} must be >= 2")
+        if self.max_preemptions < 0:
+            raise ConfigError(f"EngineConfig.max_preemptions={self.max_preemptions} must be >= 0")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

@@ -1,0 +1,232 @@
+"""The engine: requests in, one batched forward pass per `step()`, token deltas out.
+
+    engine = Engine(EngineConfig(model=path))
+    engine.add_request("r1", prompt="Hello", params=SamplingParams(max_tokens=32))
+    while engine.has_unfinished():
+        for out in engine.step(): ...
+
+Bad requests (empty, too long for the context or the KV cache, token ids outside the
+vocabulary) never raise: they finish at the next step with finish_reason "error".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import pathlib
+import time
+from typing import Sequence
+
+import torch
+
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_cache_manager import KVCacheManager
+from engine.model import LlamaModel
+from engine.model_runner import ModelRunner
+from engine.outputs import RequestOutput
+from engine.request import Request, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.stats import EngineStats
+from engine.tokenizer import Tokenizer
+from kernels.ops import get_ops
+from schemas.errors import ConfigError, InflightError
+
+log = logging.getLogger(__name__)
+
+
+class DuplicateRequestError(InflightError, ValueError):
+    """A request id is already active in this engine."""
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.ops = get_ops(config.kernels, config.device)
+        folder = pathlib.Path(config.model)
+        self.model = LlamaModel(folder, self.ops, config.torch_dtype, config.device, config.max_model_len)
+        self.tokenizer = Tokenizer(folder, self.model.config.eos_token_ids)
+        self.max_model_len = self.model.max_model_len
+        self.block_size = config.block_size
+        per_block = self.model.kv_bytes_per_block(config.block_size)
+        self.num_kv_blocks = config.num_kv_blocks or config.kv_cache_bytes // per_block
+        if self.num_kv_blocks < 1:
+            raise ConfigError(f"EngineConfig.kv_cache_bytes={config.kv_cache_bytes} is less than "
+                              f"one KV block ({per_block} bytes at block_size={config.block_size}); "
+                              "raise kv_cache_bytes or set num_kv_blocks")
+        root = hashlib.blake2b(f"{folder.resolve()}|{config.dtype}".encode(), digest_size=16).digest()
+        self.kv = KVCacheManager(self.num_kv_blocks, config.block_size, config.enable_prefix_caching, root)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.max_preemptions)
+        self.runner = ModelRunner(self.model, self.num_kv_blocks, config.block_size, config.seed)
+        self.requests: dict[str, Request] = {}
+        self._pending: list[RequestOutput] = []  # finished outside a step (errors, aborts)
+        self._arrivals = itertools.count()
+        self._gen_ids = itertools.count()
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
+        self.counters = EngineStats()
+
+    # -- requests -------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | None = None,
+                    prompt_token_ids: Sequence[int] | None = None,
+                    params: SamplingParams | None = None, priority: int = 0, *,
+                    messages: Sequence[dict] | None = None, arrival_time: float | None = None,
+                    extra_keys: tuple = ()) -> None:
+        """Queue a request (text `prompt`, `prompt_token_ids`, or chat `messages`). Lower
+        `priority` values are served first. Problems with the request itself surface as a
+        final output with finish_reason "error" at the next step."""
+        if request_id in self.requests:
+            raise DuplicateRequestError(f"request id {request_id!r} is already active in this "
+                                        "engine; wait for its final output or abort it first")
+        params = params or SamplingParams()
+        error = None
+        try:
+            if prompt_token_ids is None:
+                if messages is not None:
+                    prompt = self.tokenizer.apply_chat_template(messages)
+                prompt_token_ids = self.tokenizer.encode(prompt or "") if prompt else []
+        except InflightError as exc:
+            prompt_token_ids, error = [], str(exc)
+        req = Request(request_id, list(prompt_token_ids), params, priority,
+                      arrival_time=arrival_time or time.time(), arrival_index=next(self._arrivals),
+                      extra_keys=tuple(extra_keys))
+        error = error or self._validate(req)
+        if error is not None:
+            self._pending.append(self._finish_output(req, "error", error))
+            return
+        if params.seed is not None:
+            req.generator = torch.Generator(device=self.model.device)
+            req.generator.manual_seed(params.seed)
+        req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+
+    def _validate(self, req: Request) -> str | None:
+        n, max_tokens, ctx = req.num_prompt_tokens, req.params.max_tokens, self.max_model_len
+        if n == 0:
+            return "the prompt is empty: send at least one token"
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in req.prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            return f"prompt token id {bad} is outside the vocabulary [0, {vocab})"
+        if n >= ctx:
+            return (f"the prompt has {n} tokens but the model context is {ctx} tokens "
+                    "(room for at least one output token is needed): shorten the prompt")
+        if n + max_tokens > ctx:
+            return (f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} exceeds "
+                    f"the model context of {ctx} tokens: lower max_tokens to at most {ctx - n}")
+        need = self.kv.blocks_for(n + max_tokens - 1)
+        if need > self.num_kv_blocks:
+            return (f"prompt + max_tokens needs {need} KV blocks but the whole cache has "
+                    f"{self.num_kv_blocks}: lower max_tokens or raise EngineConfig.kv_cache_bytes")
+        return None
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a waiting or running request; its final output (finish_reason "abort")
+        comes with the next step. Returns False for unknown or finished ids."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        self._pending.append(self._finish(req, "abort", None))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests or self._pending)
+
+    # -- one step -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        if not self.scheduler.has_unfinished():
+            return outputs
+        sched = self.scheduler.schedule()
+        for req in sched.failed:
+            outputs.append(self._finish(req, "error", (
+                f"preempted {req.num_preemptions} times for lack of KV blocks "
+                f"(EngineConfig.max_preemptions={self.config.max_preemptions}): raise "
+                "kv_cache_bytes or lower max_num_seqs")))
+        if sched.is_empty:
+            return outputs
+        try:
+            samplers, tokens = self.runner.execute(sched)
+        except Exception as exc:  # noqa: BLE001 - one bad pass must not kill the engine's caller
+            log.exception("forward pass failed")
+            for req in sched.requests:
+                outputs.append(self._finish(req, "error", f"forward pass failed: {exc!r}"))
+            return outputs
+        now = time.time()
+        for req, n in zip(sched.requests, sched.num_tokens):
+            req.num_computed_tokens += n
+            self.kv.cache_full_blocks(req)
+        self.counters.record_step(sched, len(samplers))
+        for req, token in zip(samplers, tokens):
+            outputs.append(self._accept_token(req, token, now))
+        if self.config.debug_checks:
+            self.kv.check_invariants(list(self.requests.values()))
+        return outputs
+
+    def _accept_token(self, req: Request, token: int, now: float) -> RequestOutput:
+        req.append_token(token)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        params = req.params
+        reason = None
+        if token in self.eos_token_ids and not params.ignore_eos:
+            reason = "stop"
+        elif token in params.stop_token_ids:
+            reason = "stop"
+        elif req.detok.add_token(token):
+            reason = "stop"
+        elif req.num_output_tokens >= params.max_tokens or req.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            out = self._finish(req, reason, None)
+            out.new_token_ids = [token]
+            return out
+        return RequestOutput(req.request_id, [token], req.detok.take_delta(final=False),
+                             list(req.output_token_ids), req.detok.text, False,
+                             num_prompt_tokens=req.num_prompt_tokens,
+                             num_cached_tokens=max(req.num_cached_tokens, 0),
+                             arrival_time=req.arrival_time, first_token_time=req.first_token_time,
+                             num_preemptions=req.num_preemptions)
+
+    def _finish(self, req: Request, reason: str, error: str | None) -> RequestOutput:
+        self.scheduler.remove(req)
+        self.requests.pop(req.request_id, None)
+        return self._finish_output(req, reason, error)
+
+    def _finish_output(self, req: Request, reason: str, error: str | None) -> RequestOutput:
+        req.status = RequestStatus.FINISHED
+        req.finish_reason, req.error = reason, error
+        req.finish_time = time.time()
+        delta = req.detok.take_delta(final=True) if req.detok is not None else ""
+        text = req.detok.text if req.detok is not None else ""
+        return RequestOutput(req.request_id, [], delta, list(req.output_token_ids), text, True,
+                             reason, error, req.num_prompt_tokens, max(req.num_cached_tokens, 0),
+                             list(req.prompt_token_ids), req.arrival_time, req.first_token_time,
+                             req.finish_time, req.num_preemptions)
+
+    # -- offline use ------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run prompts (texts or token-id lists) to completion; final outputs in input order."""
+        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        ids = []
+        for prompt, p in zip(prompts, params_list):
+            rid = f"generate-{next(self._gen_ids)}"
+            ids.append(rid)
+            if isinstance(prompt, str):
+                self.add_request(rid, prompt=prompt, params=p)
+            else:
+                self.add_request(rid, prompt_token_ids=list(prompt), params=p)
+        finals: dict[str, RequestOutput] = {}
+        wanted = set(ids)
+        while len(finals) < len(ids):
+            for out in self.step():
+                if out.finished and out.request_id in wanted:
+                    finals[out.request_id] = out
+        return [finals[i] for i in ids]
+
+    def stats(self) -> dict:
+        return self.counters.snapshot(self)

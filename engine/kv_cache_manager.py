@@ -1,0 +1,125 @@
+"""Per-request KV bookkeeping on top of the BlockPool: prefix lookup, slot allocation, freeing.
+
+The scheduler asks two questions of it and never touches blocks itself:
+
+    find_cached_prefix(req)   -> the leading blocks of req already in the cache
+    allocate_slots(req, n, …) -> room for n more tokens (False: out of blocks, preempt)
+
+NOTE: block tables are append-only while a request runs; only full blocks are ever shared,
+and a request writes only at positions >= num_computed_tokens, which lie in its private
+blocks, so two requests never write into a shared block.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from engine.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block
+from engine.request import Request
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 root_hash: bytes = b""):
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.root_hash = BlockHash(root_hash or b"root")
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache -----------------------------------------------------------------
+    def _update_hashes(self, req: Request) -> None:
+        """Extend req.block_hashes over every full block of its tokens."""
+        bs, tokens, hashes = self.block_size, req.all_token_ids, req.block_hashes
+        for i in range(len(hashes), len(tokens) // bs):
+            parent = hashes[-1] if hashes else self.root_hash
+            hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs], req.extra_keys))
+
+    def find_cached_prefix(self, req: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest run of req's leading full blocks that is cached, and its token count.
+        NOTE: stops one token short of the end: the last token is always recomputed, since
+        its logits are needed (a fully cached prompt recomputes its whole last block)."""
+        if not self.enable_caching:
+            return [], 0
+        self._update_hashes(req)
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        hits = []
+        for block_hash in req.block_hashes[:max_blocks]:
+            block = self.pool.lookup(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        self.num_queried_tokens += num_tokens
+        self.num_hit_tokens += num_hit_tokens
+
+    def cache_full_blocks(self, req: Request) -> None:
+        """Make req's newly computed full blocks findable."""
+        if not self.enable_caching:
+            return
+        n_full = req.num_computed_tokens // self.block_size
+        if n_full <= req.num_registered_blocks:
+            return
+        self._update_hashes(req)
+        for i in range(req.num_registered_blocks, n_full):
+            self.pool.cache_block(req.blocks[i], req.block_hashes[i])
+        req.num_registered_blocks = n_full
+
+    # -- allocation -------------------------------------------------------------------
+    def can_fit(self, req: Request, num_new_tokens: int,
+                cached: Sequence[KVCacheBlock] = ()) -> bool:
+        held = len(req.blocks) + len(cached)
+        computed = req.num_computed_tokens + len(cached) * self.block_size
+        need = self.blocks_for(computed + num_new_tokens) - held
+        # cached blocks that are free right now leave the free queue when reused
+        need += sum(1 for b in cached if b.ref_cnt == 0)
+        return need <= self.pool.num_free_blocks
+
+    def allocate_slots(self, req: Request, num_new_tokens: int,
+                       cached: Sequence[KVCacheBlock] = ()) -> bool:
+        """Give req room for `num_new_tokens` more tokens after its computed ones, first
+        adopting `cached` prefix blocks (only when req holds no blocks yet). Returns False,
+        changing nothing, when the pool is short."""
+        if cached:
+            assert not req.blocks and req.num_computed_tokens == 0
+        if not self.can_fit(req, num_new_tokens, cached):
+            return False
+        if cached:
+            self.pool.touch(cached)
+            req.blocks.extend(cached)
+            req.block_ids.extend(b.block_id for b in cached)
+            req.num_computed_tokens = len(cached) * self.block_size
+            req.num_registered_blocks = len(cached)
+        need = self.blocks_for(req.num_computed_tokens + num_new_tokens) - len(req.blocks)
+        if need > 0:
+            new = self.pool.allocate(need)
+            req.blocks.extend(new)
+            req.block_ids.extend(b.block_id for b in new)
+        return True
+
+    def free(self, req: Request) -> None:
+        """Release all of req's blocks, tail first, and forget its progress."""
+        self.pool.free(req.blocks[::-1])
+        req.blocks.clear()
+        req.block_ids.clear()
+        req.num_computed_tokens = 0
+        req.num_registered_blocks = 0
+
+    def check_invariants(self, requests: Sequence[Request]) -> None:
+        refs: dict[int, int] = {}
+        for req in requests:
+            if len(set(req.block_ids)) != len(req.block_ids):
+                raise AssertionError(f"{req.request_id} holds a block twice")
+            for block_id in req.block_ids:
+                refs[block_id] = refs.get(block_id, 0) + 1
+        self.pool.check_invariants(refs)

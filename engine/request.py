@@ -1,0 +1,86 @@
+"""One request's state as it flows through the engine."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass(eq=False)
+class Request:
+    """Tokens, blocks and progress of one request.
+
+    NOTE: scheduling is "computed tokens catch up": `num_computed_tokens` counts the
+    leading tokens of `all_token_ids` whose K/V sit in the cache. A prefill chunk, a
+    decode step and a prefix-cache hit all just move it forward; preemption resets it.
+
+        all_token_ids:  [ prompt ............ | output ...... ]
+                          ^ computed ....... ^ num_computed_tokens   ^ num_tokens
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    arrival_time: float = field(default_factory=time.time)
+    arrival_index: int = 0
+    extra_keys: tuple = ()  # anything besides tokens that changes the KV (adapter ids)
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prompt tokens served by the prefix cache (set on admission)
+    blocks: list = field(default_factory=list)  # KVCacheBlock, owned by the KVCacheManager
+    block_ids: list[int] = field(default_factory=list)  # the block table, same order
+    block_hashes: list[bytes] = field(default_factory=list)  # of full blocks of all_token_ids
+    num_registered_blocks: int = 0  # leading blocks already made findable in the pool
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    generator: torch.Generator | None = None
+    detok: object = None  # engine.detokenizer.IncrementalDetokenizer
+
+    def __post_init__(self) -> None:
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        """Lower priority value first, then earlier arrival (vLLM convention)."""
+        return (self.priority, self.arrival_index)
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)

@@ -1,0 +1,134 @@
+"""In-flight batching: decide which tokens of which requests go into the next forward pass.
+
+NOTE: there is no prefill phase and no decode phase. Each request's
+`num_computed_tokens` catches up with its `num_tokens`; one step gives every chosen request
+some number of new tokens within the step's token budget, so prefill chunks and
+single-token decodes share one forward pass. Order within a step:
+
+    1. running requests that decode (1 token each)  -- never starved by long prefills
+    2. running requests still prefilling (a chunk each, as budget allows)
+    3. waiting requests, by priority (lower value first) then arrival, while there are
+       free sequence slots, budget and blocks (their cached prefix counts as computed)
+
+Out of blocks while placing running requests: preempt the lowest-priority, latest running
+request (free its blocks, put it back in the waiting queue to recompute). A request
+preempted more than `max_preemptions` times fails instead of looping.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """The plan for one step: `requests[i]` gets `num_tokens[i]` new tokens."""
+
+    requests: list[Request] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    failed: list[Request] = field(default_factory=list)  # preempted too often
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_preemptions: int):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_preemptions = max_preemptions
+        self.waiting: list[Request] = []  # sorted by Request.sort_key
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        bisect.insort(self.waiting, req, key=lambda r: r.sort_key)
+
+    def remove(self, req: Request) -> None:
+        """Take req out of the queues and free its blocks (finish or abort)."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step -----------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        # decodes (one token left to compute) first, then prefill chunks; stable otherwise
+        order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
+        for req in order:
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(req, n):
+                victim = max(self.running, key=lambda r: r.sort_key)
+                budget += self._preempt(victim, out)
+                if victim is req:
+                    break
+            else:
+                out.requests.append(req)
+                out.num_tokens.append(n)
+                budget -= n
+        return budget
+
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> int:
+        """Preempt victim; return the budget it had been given this step (if any)."""
+        refund = 0
+        for i, r in enumerate(out.requests):
+            if r is victim:
+                refund = out.num_tokens.pop(i)
+                out.requests.pop(i)
+                break
+        self.running.remove(victim)
+        self.kv.free(victim)
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        if victim.num_preemptions > self.max_preemptions:
+            victim.status = RequestStatus.PREEMPTED
+            out.failed.append(victim)
+        else:
+            out.preempted.append(victim)
+            self.add(victim)
+        return refund
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            cached, num_cached = self.kv.find_cached_prefix(req)
+            n = min(req.num_tokens - num_cached, budget)
+            if not self.kv.allocate_slots(req, n, cached):
+                break  # wait for blocks to free up; never preempt to admit
+            self.kv.record_prefix_query(req.num_tokens, num_cached)
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = min(num_cached, req.num_prompt_tokens)
+            self.waiting.pop(0)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.requests.append(req)
+            out.num_tokens.append(n)
+            budget -= n

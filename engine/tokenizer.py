@@ -1,0 +1,68 @@
+"""The model's tokenizer: encode/decode from tokenizer.json, EOS ids, and a chat template.
+
+Wraps the `tokenizers` library directly (no transformers at serve time). Chat messages use
+the folder's Jinja `chat_template` from tokenizer_config.json when jinja2 is importable,
+else plain ChatML when the vocabulary has <|im_start|> (SmolLM2, Qwen).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Sequence
+
+from schemas.errors import ModelError
+
+
+class Tokenizer:
+    def __init__(self, folder: str | pathlib.Path, eos_token_ids: Sequence[int] = ()):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        folder = pathlib.Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise ModelError(f"{folder} has no tokenizer.json (the engine reads the fast "
+                             "tokenizer file of the model folder)")
+        self.hf = HFTokenizer.from_file(str(path))
+        cfg_path = folder / "tokenizer_config.json"
+        self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        self.chat_template: str | None = self.config.get("chat_template")
+        eos = list(eos_token_ids)
+        eos_tok = self.config.get("eos_token")
+        if isinstance(eos_tok, dict):
+            eos_tok = eos_tok.get("content")
+        if isinstance(eos_tok, str) and self.hf.token_to_id(eos_tok) is not None:
+            if self.hf.token_to_id(eos_tok) not in eos:
+                eos.append(self.hf.token_to_id(eos_tok))
+        self.eos_token_ids: tuple[int, ...] = tuple(eos)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """Render chat `messages` ([{role, content}]) as the model's prompt text."""
+        if self.chat_template:
+            try:
+                import jinja2.sandbox
+            except ImportError:
+                pass
+            else:
+                env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                return env.from_string(self.chat_template).render(
+                    messages=list(messages), add_generation_prompt=add_generation_prompt,
+                    bos_token=self.config.get("bos_token") or "", eos_token=self.config.get("eos_token") or "")
+        if self.hf.token_to_id("<|im_start|>") is None:
+            raise ModelError("this model folder has no chat template: send a plain prompt")
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
