@@ -67,7 +67,10 @@ def cmd_db(args, settings: Settings) -> int:
 
     url = args.url or settings.database_url
     upgrade(url)
-    _print(args, f"database at {url} is at the latest schema", {"database_url": url, "status": "upgraded"})
+    from store.queries import redact
+
+    _print(args, f"database at {redact(url)} is at the latest schema",
+           {"database_url": redact(url), "status": "upgraded"})
     return 0
 
 
