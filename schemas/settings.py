@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     # --- worker ----------------------------------------------------------------------
     worker_max_inflight: int = 64
     metrics_port: int | None = None
+    # Idempotent producers break on Tansu after a broker restart: off unless asked for.
+    kafka_enable_idempotence: bool = False
+    worker_drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work for this long, then hand back
+    metrics_interval_s: float = 10.0  # one-line summary period (0 = never)
+    recorder_batch_size: int = 500
 
     def kafka_common(self) -> dict[str, Any]:
         """kafka-python keyword arguments shared by producers, consumers and admin clients."""

@@ -1,0 +1,174 @@
+"""The recorder: request and result topics in, idempotent upserts into the store.
+
+    poll (requests, requests.batch, results) ─► rows ─► Store.upsert_requests ─► commit
+
+- request message → `queued` row (prompt, params); invalid ones are skipped here (the
+  worker publishes their ErrorEvent, which lands as a `failed` row);
+- first token event of an id → `running` row (a bounded LRU skips the rest);
+- FinalEvent / ErrorEvent → the final row. The store's upsert is forward-only, so a
+  duplicate final event (a request redone after a worker crash) changes nothing.
+
+NOTE: offsets are committed only after the database commit. While the database is away
+the recorder keeps its batch, retries with exponential backoff (capped) and polls nothing
+more; if it is stopped meanwhile it commits nothing, so the group re-reads that batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any
+
+from kafka.errors import CommitFailedError, KafkaError
+from kafka.structs import OffsetAndMetadata
+
+from consumers.kafka_io import LRUSet, group_consumer
+from consumers.metrics import Metrics
+from schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, TokenEvent, decode_request,
+                     decode_result)
+from schemas.errors import StoreError
+from store import Store, error_row, final_row, queued_row, running_row
+
+log = logging.getLogger("inflight.recorder")
+
+BACKOFF_START_S, BACKOFF_MAX_S = 0.2, 5.0
+
+
+class Recorder:
+    def __init__(self, settings: Settings, store: Store | None = None, *,
+                 metrics: Metrics | None = None):
+        self.settings = settings
+        self.store = store or Store.embedded(settings.database_url)
+        self.metrics = metrics or Metrics("recorder", settings.metrics_interval_s)
+        self.running_seen = LRUSet(100_000)
+        self.consumer = None
+        self._stopping = False
+
+    def stop(self, *_: Any) -> None:
+        self._stopping = True
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
+    def open(self) -> "Recorder":
+        s = self.settings
+        self.consumer = group_consumer(s, s.recorder_group,
+                                       max_poll_records=s.recorder_batch_size)
+        self.consumer.subscribe([s.topic_requests, s.topic_requests_batch, s.topic_results])
+        if s.metrics_port is not None:
+            self.metrics.serve(s.metrics_port + 1)
+        log.info("recorder: group=%s database=%s", s.recorder_group, self.store.url.split("@")[-1])
+        return self
+
+    def run(self) -> None:
+        if self.consumer is None:
+            self.open()
+        try:
+            while not self._stopping:
+                self.run_once()
+        finally:
+            self.close()
+
+    def run_once(self, timeout_ms: int = 100) -> int:
+        batch = self.consumer.poll(timeout_ms=timeout_ms, max_records=self.settings.recorder_batch_size)
+        if not batch:
+            self.metrics.maybe_log()
+            return 0
+        rows: list[dict[str, Any]] = []
+        offsets = {}
+        n = 0
+        for tp, records in batch.items():
+            for rec in records:
+                n += 1
+                row = self._row(tp.topic, rec.value)
+                if row is not None:
+                    rows.append(row)
+            offsets[tp] = records[-1].offset + 1
+        self.metrics.inc("received", n)
+        if rows and not self._write(rows):
+            return n  # stopping during an outage: commit nothing
+        self._commit(offsets)
+        self.metrics.maybe_log()
+        return n
+
+    def _row(self, topic: str, value: bytes | None) -> dict[str, Any] | None:
+        s = self.settings
+        if topic != s.topic_results:
+            try:
+                req = decode_request(value, max_bytes=s.kafka_max_message_bytes,
+                                     max_prompt_chars=s.max_prompt_chars)
+            except SchemaError:
+                return None  # the worker publishes its ErrorEvent
+            return queued_row(req)
+        try:
+            event = decode_result(value)
+        except SchemaError as exc:
+            log.warning("skipping an undecodable result event: %s", exc.message)
+            return None
+        if isinstance(event, TokenEvent):
+            if event.request_id in self.running_seen:
+                return None
+            self.running_seen.add(event.request_id)
+            return running_row(event.request_id)
+        if isinstance(event, FinalEvent):
+            self.running_seen.discard(event.request_id)
+            self.metrics.inc("cancelled" if event.finish_reason == "abort" else "completed")
+            return final_row(event)
+        if isinstance(event, ErrorEvent) and event.request_id is not None:
+            self.running_seen.discard(event.request_id)
+            self.metrics.inc("failed")
+            return error_row(event)
+        return None
+
+    def _write(self, rows: list[dict[str, Any]]) -> bool:
+        """Upsert until it works (True), or until asked to stop (False)."""
+        delay = BACKOFF_START_S
+        while True:
+            try:
+                self.store.upsert_requests(rows)
+                self.metrics.inc("rows_written", len(rows))
+                return True
+            except StoreError as exc:
+                self.metrics.inc("db_retries")
+                log.warning("database write failed (%s); retrying in %.1fs, offsets held",
+                            str(exc).splitlines()[0][:200], delay)
+            if self._stopping:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+    def _commit(self, offsets: dict) -> None:
+        assigned = self.consumer.assignment()
+        mine = {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items() if tp in assigned}
+        if not mine:
+            return
+        try:
+            self.consumer.commit(mine)
+            self.metrics.inc("commits")
+        except (CommitFailedError, KafkaError) as exc:
+            # A rebalance took the partitions: the new owner re-reads; upserts are idempotent.
+            log.warning("recorder commit failed (%s)", exc)
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            try:
+                self.consumer.close(autocommit=False)
+            except Exception:  # noqa: BLE001
+                log.exception("closing the recorder's consumer failed")
+            self.consumer = None
+        self.metrics.close()
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    rec = Recorder(Settings())
+    rec.install_signal_handlers()
+    rec.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

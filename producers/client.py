@@ -1,0 +1,346 @@
+"""The producer client: submit prompts, poll results from the store, stream tokens.
+
+    client = Client(Settings())
+    rid = client.submit("Hello", SamplingParams(max_tokens=32, temperature=0))
+    for event in client.stream(rid):      # TokenEvent..., then FinalEvent | ErrorEvent
+        print(event.text, end="")
+    client.result(rid)                    # Result(status="completed", text=..., ...)
+
+The request_id is the idempotency key and the Kafka key (so all events of a request sit
+in one results partition). Priority >= PRIORITY_BATCH goes to the batch topic.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError
+from kafka.partitioner.default import murmur2
+
+from schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, FinalEvent,
+                     InferenceRequest, SamplingParams, SchemaError, Settings, TokenEvent,
+                     decode_result, encode)
+from schemas.errors import BrokerError, InflightError
+from store import FINAL_STATUSES, Store
+
+NOT_FOUND = "not_found"
+STREAM_CLOCK_SLACK_S = 5.0   # start a stream this much before the submit time (clock skew)
+STREAM_LOOKBACK_S = 3600.0   # unknown submit time: look back this far
+
+
+class RequestNotFound(InflightError, LookupError):
+    """No request with this id is known (not in the store, nothing on the results topic)."""
+
+
+@dataclass
+class Result:
+    """A request as the store knows it. `status` is "not_found" for an unknown id."""
+
+    request_id: str
+    status: str
+    text: str | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    error: str | None = None
+    error_code: str | None = None
+    token_ids: list[int] | None = None
+    batch_id: str | None = None
+    worker: str | None = None
+    created_at: float | None = None
+    finished_at: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def found(self) -> bool:
+        return self.status != NOT_FOUND
+
+    @property
+    def done(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("extra")
+        return d
+
+
+def partition_for(key: str, num_partitions: int) -> int:
+    """kafka-python's default partitioner (murmur2, like the Java client)."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % num_partitions
+
+
+def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
+             request_id: str | None = None, priority: int | None = None,
+             metadata: Mapping | None = None, batch_id: str | None = None) -> InferenceRequest:
+    if isinstance(item, InferenceRequest):
+        return item
+    fields: dict[str, Any] = {}
+    if isinstance(item, Mapping):
+        fields.update(item)
+    elif isinstance(item, str):
+        fields["prompt"] = item
+    elif isinstance(item, list) and item and all(isinstance(t, int) for t in item):
+        fields["prompt_token_ids"] = item
+    elif isinstance(item, list):
+        fields["messages"] = item
+    else:
+        raise SchemaError(f"submit: give a prompt string, chat messages, token ids or an "
+                          f"InferenceRequest (got {type(item).__name__})")
+    if params is not None:
+        fields["params"] = params.model_dump() if isinstance(params, SamplingParams) else dict(params)
+    if request_id is not None:
+        fields["request_id"] = request_id
+    fields.setdefault("request_id", uuid.uuid4().hex)
+    if priority is not None:
+        fields["priority"] = priority
+    if metadata:
+        fields["metadata"] = dict(metadata)
+    if batch_id is not None:
+        fields["batch_id"] = batch_id
+    fields.setdefault("submitted_at", time.time())
+    try:
+        return InferenceRequest.model_validate(fields)
+    except Exception as exc:  # pydantic ValidationError → one SchemaError
+        from pydantic import ValidationError
+
+        from schemas.codec import schema_error
+        if isinstance(exc, ValidationError):
+            raise schema_error(exc, raw=None, request_id=fields.get("request_id"),
+                               model=InferenceRequest) from None
+        raise
+
+
+class Client:
+    def __init__(self, settings: Settings | None = None, *, store: Store | None = None):
+        self.settings = settings or Settings()
+        self._store = store
+        self._producer: KafkaProducer | None = None
+        self._submitted: dict[str, float] = {}
+
+    # -- connections ----------------------------------------------------------------------
+    @property
+    def producer(self) -> KafkaProducer:
+        if self._producer is None:
+            s = self.settings
+            try:
+                self._producer = KafkaProducer(
+                    acks="all", linger_ms=5, enable_idempotence=s.kafka_enable_idempotence,
+                    max_request_size=s.kafka_max_message_bytes + 64_000, **s.kafka_common())
+            except KafkaError as exc:
+                raise BrokerError(f"cannot reach Kafka at {s.kafka_bootstrap!r} ({exc}): start "
+                                  "a broker (`inflight broker`) or set INFLIGHT_KAFKA_BOOTSTRAP") from exc
+        return self._producer
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store.embedded(self.settings.database_url)
+        return self._store
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush()
+            self._producer.close()
+            self._producer = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- submit -----------------------------------------------------------------------------
+    def topic_for(self, req: InferenceRequest) -> str:
+        s = self.settings
+        return s.topic_requests_batch if req.priority >= PRIORITY_BATCH else s.topic_requests
+
+    def submit(self, prompt: Any = None, params: SamplingParams | Mapping | None = None, *,
+               messages: list | None = None, request_id: str | None = None,
+               priority: int = PRIORITY_INTERACTIVE, metadata: Mapping | None = None,
+               batch_id: str | None = None, flush: bool = True) -> str:
+        """Publish one request; returns its request_id (a given one is kept)."""
+        req = _request(messages if messages is not None else prompt, params,
+                       request_id=request_id, priority=priority, metadata=metadata,
+                       batch_id=batch_id)
+        self._publish(req)
+        if flush:
+            self.flush()
+        return req.request_id
+
+    def _publish(self, req: InferenceRequest) -> None:
+        value = encode(req)
+        if len(value) > self.settings.kafka_max_message_bytes:
+            raise SchemaError(f"request {req.request_id} is {len(value)} bytes, over the limit "
+                              f"of {self.settings.kafka_max_message_bytes} "
+                              "(INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten the prompt",
+                              request_id=req.request_id)
+        self._submitted[req.request_id] = req.submitted_at
+        try:
+            self.producer.send(self.topic_for(req), key=req.request_id.encode(), value=value)
+        except KafkaError as exc:
+            raise BrokerError(f"publishing {req.request_id} failed: {exc}") from exc
+
+    def publish_raw(self, topic: str, value: bytes, key: bytes | None = None,
+                    headers: list | None = None) -> None:
+        """Send bytes as they are (tests, replays from the DLQ)."""
+        self.producer.send(topic, key=key, value=value, headers=headers)
+
+    def flush(self, timeout: float | None = 30) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.flush(timeout=timeout)
+            except KafkaError as exc:
+                raise BrokerError(f"the broker did not acknowledge the requests: {exc}") from exc
+
+    def submit_many(self, items: Iterable[Any], params: SamplingParams | Mapping | None = None, *,
+                    priority: int | None = None, batch_id: str | None = None,
+                    progress: bool | None = None, flush_every: int = 1000) -> list[str]:
+        """Publish many requests (strings, messages, dicts of request fields or
+        InferenceRequests); a progress bar shows on long inputs. Returns the ids in order."""
+        from tqdm import tqdm
+
+        total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]
+        show = progress if progress is not None else (total is None or total >= 200)
+        ids = []
+        with tqdm(total=total, disable=not show, unit="req", desc="submit") as bar:
+            for item in items:
+                req = _request(item, params, priority=priority, batch_id=batch_id)
+                self._publish(req)
+                ids.append(req.request_id)
+                bar.update(1)
+                if len(ids) % flush_every == 0:
+                    self.flush()
+            self.flush()
+        return ids
+
+    def cancel(self, request_id: str) -> None:
+        """Ask every worker to abort this request (it ends `cancelled`)."""
+        self.producer.send(self.settings.topic_cancel, key=request_id.encode(),
+                           value=orjson.dumps({"request_id": request_id}))
+        self.flush()
+
+    # -- results ------------------------------------------------------------------------------
+    def result(self, request_id: str) -> Result:
+        """The stored state of a request; status "not_found" for an unknown id."""
+        row = self.store.get_request(request_id)
+        if row is None:
+            return Result(request_id, NOT_FOUND)
+        return Result(request_id, row.status, text=row.output, finish_reason=row.finish_reason,
+                      usage=row.usage, timings=row.timings, error=row.error,
+                      error_code=row.error_code, token_ids=row.output_token_ids,
+                      batch_id=row.batch_id, worker=row.worker,
+                      created_at=row.created_at.timestamp() if row.created_at else None,
+                      finished_at=row.finished_at.timestamp() if row.finished_at else None)
+
+    def wait(self, request_id: str, timeout: float | None = None, poll_s: float = 0.1) -> Result:
+        """Poll the store until the request is final or `timeout` seconds pass; returns the
+        last state seen (check `.done`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            res = self.result(request_id)
+            if res.done or (deadline is not None and time.monotonic() >= deadline):
+                return res
+            time.sleep(poll_s)
+
+    def wait_many(self, request_ids: Iterable[str], timeout: float | None = None,
+                  poll_s: float = 0.2) -> dict[str, Result]:
+        ids = list(request_ids)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done: dict[str, Result] = {}
+        while True:
+            rows = self.store.get_requests([i for i in ids if i not in done])
+            for rid, row in rows.items():
+                if row.status in FINAL_STATUSES:
+                    done[rid] = self.result(rid)
+            if len(done) == len(ids) or (deadline is not None and time.monotonic() >= deadline):
+                return done
+            time.sleep(poll_s)
+
+    # -- streaming ----------------------------------------------------------------------------
+    def _since(self, request_id: str) -> float:
+        if request_id in self._submitted:
+            return self._submitted[request_id]
+        try:
+            res = self.result(request_id)
+        except InflightError:
+            res = Result(request_id, NOT_FOUND)
+        if res.created_at is not None:
+            return res.created_at
+        return time.time() - STREAM_LOOKBACK_S
+
+    def stream(self, request_id: str, timeout: float = 120.0,
+               since: float | None = None) -> Iterator[TokenEvent | FinalEvent | ErrorEvent]:
+        """Token events of one request in index order, then its final event.
+
+        Reads only the results partition the key maps to, from the first offset stamped
+        at or after the submit time (`offsets_for_times`; never "latest"). Raises
+        RequestNotFound when nothing about the id shows up within `timeout` seconds.
+        """
+        s = self.settings
+        start_ms = int(((since if since is not None else self._since(request_id))
+                        - STREAM_CLOCK_SLACK_S) * 1000)
+        consumer = KafkaConsumer(group_id=None, enable_auto_commit=False,
+                                 auto_offset_reset="earliest", **s.kafka_common())
+        key = request_id.encode()
+        try:
+            parts = consumer.partitions_for_topic(s.topic_results)
+            deadline = time.monotonic() + timeout
+            while not parts:
+                if time.monotonic() > deadline:
+                    raise BrokerError(f"results topic {s.topic_results!r} does not exist")
+                consumer.topics()
+                time.sleep(0.1)
+                parts = consumer.partitions_for_topic(s.topic_results)
+            tp = TopicPartition(s.topic_results, partition_for(request_id, len(parts)))
+            consumer.assign([tp])
+            while True:  # nothing stamped after `since` yet: ask again until something is
+                found = consumer.offsets_for_times({tp: max(start_ms, 0)}).get(tp)
+                if found is not None:
+                    consumer.seek(tp, found.offset)
+                    break
+                if time.monotonic() > deadline:
+                    raise RequestNotFound(self._not_found_message(request_id, timeout))
+                time.sleep(0.1)
+            expected, held = 0, {}
+            while True:
+                if time.monotonic() > deadline:
+                    raise RequestNotFound(self._not_found_message(request_id, timeout))
+                for rec in consumer.poll(timeout_ms=200).get(tp, []):
+                    if rec.key != key:
+                        continue
+                    try:
+                        event = decode_result(rec.value)
+                    except SchemaError:
+                        continue
+                    if isinstance(event, TokenEvent):
+                        if event.index < expected:
+                            continue  # a redo after a worker crash replays from index 0
+                        held[event.index] = event
+                        while expected in held:
+                            yield held.pop(expected)
+                            expected += 1
+                        continue
+                    for idx in sorted(held):
+                        yield held[idx]
+                    yield event
+                    return
+        finally:
+            consumer.close()
+
+    def _not_found_message(self, request_id: str, timeout: float) -> str:
+        res = self.result(request_id)
+        if res.found:
+            return (f"request {request_id} is {res.status} but no final event arrived within "
+                    f"{timeout:.0f}s; is a worker running? (`inflight worker`)")
+        return (f"request {request_id} not found: nothing in the store and no events on "
+                f"{self.settings.topic_results} within {timeout:.0f}s")
