@@ -1,15 +1,267 @@
-"""Service subcommands (submit, result, stream, worker, recorder, demo).
+"""Service subcommands: submit, result, stream, cancel, worker, recorder, demo.
 
-Filled in by the service issue; until then `demo` runs the parts that exist and says so.
+Human-readable output by default; `--json` prints one JSON object per line for scripts.
+Unknown request ids print "not found" and exit 1 (never a trace).
 """
 
 from __future__ import annotations
 
+import sys
+from typing import Any
 
-def register(sub) -> None:
+import orjson
+
+from schemas import SamplingParams, SchemaError, Settings, parse_batch_line
+
+
+def _out(args: Any, human: str, data: Any) -> None:
+    if getattr(args, "json", False):
+        sys.stdout.write(orjson.dumps(data).decode() + "\n")
+    else:
+        print(human)
+    sys.stdout.flush()
+
+
+def _client(settings: Settings):
+    from producers.client import Client
+
+    return Client(settings)
+
+
+def _params(args: Any) -> dict[str, Any]:
+    p: dict[str, Any] = {}
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+        value = getattr(args, name, None)
+        if value is not None:
+            p[name] = value
+    if args.stop:
+        p["stop"] = args.stop
+    if args.ignore_eos:
+        p["ignore_eos"] = True
+    return p
+
+
+def _result_human(res: Any) -> str:
+    if not res.found:
+        return f"{res.request_id}: not found"
+    lines = [f"{res.request_id}: {res.status}" + (f" ({res.finish_reason})" if res.finish_reason else "")]
+    if res.text is not None:
+        lines.append(res.text)
+    if res.error:
+        lines.append(f"error [{res.error_code}]: {res.error}")
+    if res.usage:
+        u = res.usage
+        lines.append(f"usage: prompt={u.get('prompt_tokens')} completion={u.get('completion_tokens')} "
+                     f"cached={u.get('cached_prompt_tokens')}")
+    t = res.timings or {}
+    if t.get("submitted_at") and t.get("finished_at"):
+        ttft = (t["first_token_at"] - t["submitted_at"]) if t.get("first_token_at") else None
+        lines.append(f"latency: {t['finished_at'] - t['submitted_at']:.3f}s"
+                     + (f" ttft: {ttft:.3f}s" if ttft is not None else ""))
+    return "\n".join(lines)
+
+
+def cmd_submit(args: Any, settings: Settings) -> int:
+    client = _client(settings)
+    try:
+        if args.file:
+            return _submit_file(args, client)
+        if not args.prompt:
+            print("inflight submit: give a prompt or --file FILE.jsonl", file=sys.stderr)
+            return 2
+        prompt = " ".join(args.prompt)
+        kw: dict[str, Any] = {"request_id": args.id, "batch_id": args.batch_id}
+        if args.priority is not None:
+            kw["priority"] = args.priority
+        if args.chat:
+            kw["messages"] = [{"role": "user", "content": prompt}]
+        rid = client.submit(None if args.chat else prompt, _params(args) or None, **kw)
+        _out(args, rid, {"request_id": rid, "status": "submitted"})
+        if args.stream:
+            return _stream(args, client, rid)
+        if args.wait:
+            res = client.wait(rid, timeout=args.timeout)
+            _out(args, _result_human(res), res.to_dict())
+            return 0 if res.done else 1
+        return 0
+    finally:
+        client.close()
+
+
+def _submit_file(args: Any, client: Any) -> int:
+    bad = 0
+    reqs = []
+    with open(args.file, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                reqs.append(parse_batch_line(line, batch_id=args.batch_id, line_no=n))
+            except SchemaError as exc:
+                bad += 1
+                print(f"{args.file}: {exc.message}", file=sys.stderr)
+    ids = client.submit_many(reqs, progress=None if not args.json else False)
+    _out(args, f"submitted {len(ids)} requests from {args.file}" + (f" ({bad} bad lines skipped)" if bad else ""),
+         {"submitted": len(ids), "bad_lines": bad, "request_ids": ids})
+    return 1 if bad else 0
+
+
+def cmd_result(args: Any, settings: Settings) -> int:
+    client = _client(settings)
+    try:
+        res = client.wait(args.id, timeout=args.timeout) if args.wait else client.result(args.id)
+        _out(args, _result_human(res), res.to_dict())
+        return 0 if res.found else 1
+    finally:
+        client.close()
+
+
+def _stream(args: Any, client: Any, rid: str) -> int:
+    from schemas import ErrorEvent, TokenEvent
+
+    for event in client.stream(rid, timeout=args.timeout):
+        if args.json:
+            _out(args, "", event.model_dump(mode="json"))
+        elif isinstance(event, TokenEvent):
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, ErrorEvent):
+            print(f"\n[error {event.code}: {event.message}]")
+            return 1
+        else:
+            print(f"\n[{event.finish_reason}; {event.usage.completion_tokens} tokens]")
+    return 0
+
+
+def cmd_stream(args: Any, settings: Settings) -> int:
+    from producers.client import RequestNotFound
+
+    client = _client(settings)
+    try:
+        return _stream(args, client, args.id)
+    except RequestNotFound as exc:
+        _out(args, str(exc), {"request_id": args.id, "status": "not_found", "message": str(exc)})
+        return 1
+    finally:
+        client.close()
+
+
+def cmd_cancel(args: Any, settings: Settings) -> int:
+    client = _client(settings)
+    try:
+        client.cancel(args.id)
+        _out(args, f"cancel sent for {args.id}", {"request_id": args.id, "status": "cancel_sent"})
+        return 0
+    finally:
+        client.close()
+
+
+def _overrides(args: Any, settings: Settings) -> Settings:
+    update = {}
+    if getattr(args, "max_inflight", None):
+        update["worker_max_inflight"] = args.max_inflight
+    if getattr(args, "metrics_port", None) is not None:
+        update["metrics_port"] = args.metrics_port
+    return settings.model_copy(update=update) if update else settings
+
+
+def cmd_worker(args: Any, settings: Settings) -> int:
+    from consumers.worker import Worker, build_engine
+
+    settings = _overrides(args, settings)
+    engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
+                          dtype=args.dtype)
+    worker = Worker(settings, engine)
+    worker.install_signal_handlers()
+    worker.run()
+    return 0
+
+
+def cmd_recorder(args: Any, settings: Settings) -> int:
+    from consumers.recorder import Recorder
+
+    rec = Recorder(_overrides(args, settings))
+    rec.install_signal_handlers()
+    rec.run()
+    return 0
+
+
+def _add_sampling(p: Any) -> None:
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+
+
+def register(sub: Any) -> None:
     from inflight import demo
+
+    s = sub.add_parser("submit", help="publish a prompt, or a JSONL file of requests (ours or OpenAI Batch lines)")
+    s.add_argument("prompt", nargs="*", help="the prompt text")
+    s.add_argument("--file", default=None, help="JSONL: one request per line, or OpenAI Batch lines")
+    s.add_argument("--chat", action="store_true", help="send the prompt as one user chat message")
+    s.add_argument("--id", default=None, help="request id (idempotency key); default: a new uuid")
+    s.add_argument("--batch-id", default=None)
+    s.add_argument("--priority", type=int, default=None, help="lower = more urgent; >= 10 goes to the batch topic")
+    _add_sampling(s)
+    s.add_argument("--stream", action="store_true", help="then stream its tokens")
+    s.add_argument("--wait", action="store_true", help="then wait for its stored result")
+    s.add_argument("--timeout", type=float, default=120.0)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_submit)
+
+    r = sub.add_parser("result", help="a request's stored state by id")
+    r.add_argument("id")
+    r.add_argument("--wait", action="store_true", help="wait until it is final")
+    r.add_argument("--timeout", type=float, default=None)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_result)
+
+    st = sub.add_parser("stream", help="stream a request's tokens from the results topic")
+    st.add_argument("id")
+    st.add_argument("--timeout", type=float, default=120.0)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_stream)
+
+    c = sub.add_parser("cancel", help="abort a request on whichever worker runs it")
+    c.add_argument("id")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_cancel)
+
+    w = sub.add_parser("worker", help="run a GPU worker (group inflight-workers)")
+    w.add_argument("--model", default=None, help="a Hugging Face folder (default: INFLIGHT_MODEL_PATH or SmolLM2-135M)")
+    w.add_argument("--max-inflight", type=int, default=None)
+    w.add_argument("--kv-cache-mb", type=int, default=None)
+    w.add_argument("--device", default=None, help="cpu | cuda")
+    w.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    w.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
+    w.set_defaults(func=cmd_worker)
+
+    rc = sub.add_parser("recorder", help="run the recorder (results -> store)")
+    rc.add_argument("--metrics-port", type=int, default=None,
+                    help="Prometheus /metrics on PORT+1 (PORT is the worker's)")
+    rc.set_defaults(func=cmd_recorder)
 
     d = sub.add_parser("demo", help="the whole path on embedded defaults: broker, worker, recorder, SQLite, SmolLM2")
     d.add_argument("--model", default=None, help="a local Hugging Face folder instead of the bundled model")
+    d.add_argument("--max-tokens", type=int, default=24)
+    d.add_argument("--data-dir", default=None, help="keep the demo's SQLite here (default: a temp dir)")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=demo.run)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """INFLIGHT_* environment that recreates these settings in a child process."""
+    env = {}
+    for name, value in settings.model_dump(mode="json").items():
+        if value is None:
+            continue
+        env[f"INFLIGHT_{name.upper()}"] = (orjson.dumps(value).decode()
+                                           if isinstance(value, (dict, list)) else str(value))
+    return env
+
+
+__all__ = ["register", "settings_env"]

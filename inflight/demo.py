@@ -1,21 +1,23 @@
-"""`inflight demo`: the whole path on embedded defaults.
+"""`inflight demo`: the whole path on embedded defaults, in one process tree.
 
-Foundation stage: starts the embedded broker, creates the topics, prepares the default
-model, publishes the demo prompts to the requests topic and reads them back. The worker,
-recorder and store steps join as the engine and service issues land.
+    embedded Tansu broker (child process)
+      ├─ worker thread:   requests topic ─► Engine(SmolLM2-135M) ─► results topic
+      ├─ recorder thread: results topic ─► SQLite (a temp dir, or --data-dir)
+      └─ this thread:     Client.submit ─► Client.stream (tokens live) ─► Client.result
 """
 
 from __future__ import annotations
 
+import logging
+import tempfile
+import threading
 import time
-import uuid
+from pathlib import Path
+from typing import Any
 
 import orjson
 
-from inflight.broker import EmbeddedBroker
-from inflight.model import resolve_model
-from inflight.topics import create_topics
-from schemas.settings import Settings
+from schemas import ErrorEvent, SamplingParams, Settings, TokenEvent
 
 DEMO_PROMPTS = [
     "What is the capital of France?",
@@ -25,37 +27,92 @@ DEMO_PROMPTS = [
 ]
 
 
-def run(args, settings: Settings) -> int:
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+def run(args: Any, settings: Settings) -> int:
+    logging.getLogger("inflight").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    from consumers.recorder import Recorder
+    from consumers.worker import Worker, build_engine
+    from inflight.broker import EmbeddedBroker
+    from inflight.topics import create_topics
+    from producers.client import Client
+
+    as_json = bool(getattr(args, "json", False))
+
+    def say(text: str) -> None:
+        if not as_json:
+            print(text, flush=True)
 
     t0 = time.monotonic()
-    print("[1/4] preparing the model ...", flush=True)
-    model = resolve_model(args.model, settings)
-    print(f"      model folder: {model}")
-    with EmbeddedBroker() as broker:
-        s = settings.model_copy(update={"kafka_bootstrap": broker.bootstrap})
-        print(f"[2/4] embedded broker up at {broker.bootstrap}")
-        print(f"[3/4] topics: {create_topics(s, partitions=2)}")
-        producer = KafkaProducer(acks="all", **s.kafka_common())
-        ids = []
-        for prompt in DEMO_PROMPTS:
-            rid = uuid.uuid4().hex
-            ids.append(rid)
-            producer.send(s.topic_requests, key=rid.encode(), value=orjson.dumps({"request_id": rid, "prompt": prompt}))
-        producer.flush()
-        producer.close()
-        consumer = KafkaConsumer(auto_offset_reset="earliest", enable_auto_commit=False, **s.kafka_common())
-        consumer.assign([TopicPartition(s.topic_requests, p) for p in range(2)])
-        seen = {}
-        deadline = time.monotonic() + 15
-        while len(seen) < len(ids) and time.monotonic() < deadline:
-            for records in consumer.poll(500).values():
-                for r in records:
-                    seen[r.key.decode()] = orjson.loads(r.value)["prompt"]
-        consumer.close()
-        print(f"[4/4] published {len(ids)} prompts to {s.topic_requests} and read {len(seen)} back:")
-        for rid in ids:
-            print(f"      {rid}  {seen.get(rid, '(not read back)')!r}")
-    print(f"demo: done in {time.monotonic() - t0:.1f}s; the worker/recorder path is not built yet "
-          "(engine and service issues), so no tokens are generated.")
-    return 0 if len(seen) == len(ids) else 1
+    tmp = None
+    if args.data_dir:
+        data_dir = Path(args.data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="inflight-demo-")
+        data_dir = Path(tmp.name)
+    db_url = f"sqlite:///{data_dir / 'inflight.db'}"
+    say("[1/5] loading the model ...")
+    engine = build_engine(settings, args.model, max_num_seqs=16, kv_cache_mb=128)
+    say(f"      {engine.config.model}")
+    with EmbeddedBroker(log_path=data_dir / "tansu.log") as broker:
+        s = settings.model_copy(update={
+            "kafka_bootstrap": broker.bootstrap, "database_url": db_url,
+            "kafka_session_timeout_ms": 2000, "kafka_heartbeat_interval_ms": 500,
+            "metrics_interval_s": 0.0, "worker_max_inflight": 16})
+        create_topics(s, partitions=2)
+        say(f"[2/5] embedded broker at {broker.bootstrap}; SQLite at {db_url}")
+        worker, recorder = Worker(s, engine), Recorder(s)
+        threads = [threading.Thread(target=worker.run, name="worker", daemon=True),
+                   threading.Thread(target=recorder.run, name="recorder", daemon=True)]
+        for t in threads:
+            t.start()
+        client = Client(s)
+        try:
+            params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+            ids = [client.submit(messages=[{"role": "user", "content": p}], params=params)
+                   for p in DEMO_PROMPTS]
+            say(f"[3/5] submitted {len(ids)} chat prompts (max_tokens={args.max_tokens}); "
+                "worker and recorder are joining their groups ...")
+            say("[4/5] streaming tokens from the results topic:")
+            streamed = {}
+            for rid, prompt in zip(ids, DEMO_PROMPTS):
+                say(f"  > {prompt}")
+                if not as_json:
+                    print("    ", end="", flush=True)
+                n = 0
+                for event in client.stream(rid, timeout=90):
+                    if isinstance(event, TokenEvent):
+                        n += len(event.token_ids)
+                        if not as_json:
+                            print(event.text.replace("\n", "\n    "), end="", flush=True)
+                    elif isinstance(event, ErrorEvent):
+                        say(f"\n    [error {event.code}: {event.message}]")
+                    else:
+                        say(f"\n    [{event.finish_reason}, {n} tokens]")
+                streamed[rid] = n
+            results = client.wait_many(ids, timeout=30)
+            say("[5/5] stored results (polled from SQLite by request id):")
+            rows = []
+            for rid in ids:
+                res = results.get(rid) or client.result(rid)
+                rows.append(res.to_dict())
+                t = res.timings or {}
+                lat = (t.get("finished_at") or 0) - (t.get("submitted_at") or 0)
+                say(f"  {rid}  {res.status:<9} {res.finish_reason or '':<6} "
+                    f"{(res.usage or {}).get('completion_tokens', 0):>3} tokens  "
+                    f"{lat:5.2f}s  {(res.text or '')[:60]!r}")
+            ok = all(r["status"] == "completed" for r in rows)
+            elapsed = time.monotonic() - t0
+            say(f"demo: {'ok' if ok else 'FAILED'} in {elapsed:.1f}s — try `inflight result ID` "
+                f"against INFLIGHT_DATABASE_URL={db_url} while it runs with --data-dir")
+            if as_json:
+                print(orjson.dumps({"ok": ok, "seconds": round(elapsed, 2), "results": rows}).decode())
+        finally:
+            client.close()
+            worker.stop()
+            recorder.stop()
+            for t in threads:
+                t.join(timeout=30)
+    if tmp is not None:
+        tmp.cleanup()
+    return 0 if ok else 1
