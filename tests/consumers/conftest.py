@@ -1,0 +1,147 @@
+"""Fixtures for the service path: a tiny real model, isolated topic sets, and a running
+worker + recorder (threads, real engine, real broker, real database)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from schemas import Settings
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from tests.tiny_llama import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -> Settings:
+    """Settings with topics and groups of their own, topics created."""
+    from inflight.topics import create_topics
+
+    tag = uuid.uuid4().hex[:8]
+    s = Settings(
+        kafka_bootstrap=broker.bootstrap,
+        kafka_session_timeout_ms=2000,
+        kafka_heartbeat_interval_ms=500,
+        topic_requests=f"s{tag}.requests",
+        topic_requests_batch=f"s{tag}.requests.batch",
+        topic_results=f"s{tag}.results",
+        topic_dlq=f"s{tag}.requests.dlq",
+        topic_cancel=f"s{tag}.cancel",
+        worker_group=f"s{tag}-workers",
+        recorder_group=f"s{tag}-recorder",
+        database_url=database_url,
+        metrics_interval_s=0.0,
+        **overrides,
+    )
+    create_topics(s, partitions=partitions)
+    return s
+
+
+def tiny_engine(model: Path, **kw):
+    from engine import Engine, EngineConfig
+
+    cfg = {"model": str(model), "num_kv_blocks": 512, "max_num_seqs": 64}
+    cfg.update(kw)
+    return Engine(EngineConfig(**cfg))
+
+
+class Service:
+    """A worker and a recorder running in threads."""
+
+    def __init__(self, settings: Settings, engine, store=None, *, worker: bool = True,
+                 recorder: bool = True):
+        from consumers.recorder import Recorder
+        from consumers.worker import Worker
+
+        self.settings = settings
+        self.worker = Worker(settings, engine) if worker else None
+        self.recorder = Recorder(settings, store) if recorder else None
+        self.threads = []
+        for part in (self.worker, self.recorder):
+            if part is not None:
+                part.open()
+                t = threading.Thread(target=part.run, daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    def stop(self) -> None:
+        for part in (self.worker, self.recorder):
+            if part is not None:
+                part.stop()
+        for t in self.threads:
+            t.join(timeout=60)
+            assert not t.is_alive(), "a service thread did not stop"
+
+
+def migrated(url: str) -> str:
+    from store import upgrade
+
+    upgrade(url)
+    return url
+
+
+def read_topic(settings: Settings, topic: str, *, until=None, timeout: float = 10.0) -> list:
+    """Every record of `topic` from the beginning (stops when `until(records)` or timeout)."""
+    from kafka import TopicPartition
+
+    from consumers.kafka_io import partitions_of, plain_consumer
+
+    consumer = plain_consumer(settings)
+    try:
+        tps = [TopicPartition(topic, p) for p in partitions_of(consumer, topic)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out = []
+        deadline = time.monotonic() + timeout
+        idle = 0
+        while time.monotonic() < deadline:
+            got = consumer.poll(timeout_ms=200)
+            for recs in got.values():
+                out.extend(recs)
+            if until is not None and until(out):
+                break
+            idle = idle + 1 if not got else 0
+            if until is None and idle >= 3:
+                break
+        return out
+    finally:
+        consumer.close()
+
+
+def results_by_request(settings: Settings, expect_finals: set[str], timeout: float = 20.0) -> dict:
+    """{request_id: [decoded events in topic order]} once every id in `expect_finals` has a
+    final event on the results topic."""
+    from schemas import decode_result
+
+    def done(recs) -> bool:
+        finals = {r.key.decode() for r in recs
+                  if r.key and b'"type":"token"' not in r.value}
+        return expect_finals <= finals
+
+    recs = read_topic(settings, settings.topic_results, until=done, timeout=timeout)
+    events = defaultdict(list)
+    for r in recs:
+        ev = decode_result(r.value)
+        events[ev.request_id].append(ev)
+    return dict(events)
+
+
+def wait_rows(store, ids, timeout: float = 60.0, final: bool = True) -> dict:
+    from store import FINAL_STATUSES
+
+    ids = list(ids)
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = store.get_requests(ids)
+        ok = {i: r for i, r in rows.items() if (r.status in FINAL_STATUSES or not final)}
+        if len(ok) == len(ids) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.1)

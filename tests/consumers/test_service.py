@@ -1,0 +1,195 @@
+"""End to end on the real embedded broker, the real engine (tiny random Llama) and the real
+databases (SQLite and Postgres): client -> requests topic -> worker -> results topic ->
+recorder -> store. One worker + recorder per backend serves every test of this module."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import orjson
+import pytest
+
+from schemas import ErrorEvent, FinalEvent, SamplingParams, TokenEvent
+from tests.consumers.conftest import (Service, make_settings, migrated, read_topic,
+                                      results_by_request, tiny_engine, wait_rows)
+from tests.tiny_llama import SENTENCES
+
+pytestmark = [pytest.mark.broker]
+
+MAX_BYTES = 20_000  # small message limit so the oversize case is cheap
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def service(request, broker, tiny_model, tmp_path_factory):
+    from producers.client import Client
+    from store import Store
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('svc') / 'inflight.db'}"
+        store = Store(url, create=True)
+    else:
+        url = migrated(request.getfixturevalue("postgres_url"))
+        store = Store(url)
+    settings = make_settings(broker, url, kafka_max_message_bytes=MAX_BYTES)
+    svc = Service(settings, tiny_engine(tiny_model), store)
+    client = Client(settings, store=store)
+    svc.client, svc.store = client, store
+    try:
+        yield svc
+    finally:
+        svc.stop()
+        client.close()
+
+
+def _prompts(n: int) -> list[str]:
+    words = " ".join(SENTENCES).split()
+    return [" ".join(words[i:i + 3 + (i * 7) % 20]) for i in range(n)]
+
+
+def _params(i: int) -> SamplingParams:
+    if i % 2:
+        return SamplingParams(max_tokens=8 + i, temperature=0.9, top_p=0.95, seed=1000 + i)
+    return SamplingParams(max_tokens=8 + i, temperature=0.0)
+
+
+def test_twenty_prompts_match_engine_generate(service, tiny_model):
+    from engine import SamplingParams as EP
+
+    prompts = _prompts(20)
+    ids = [service.client.submit(p, _params(i)) for i, p in enumerate(prompts)]
+    rows = wait_rows(service.store, ids, timeout=60)
+    assert len(rows) == 20 and all(r.status == "completed" for r in rows.values()), rows
+
+    ref = tiny_engine(tiny_model).generate(
+        prompts, [EP(**_params(i).model_dump(exclude={"schema_version", "stop", "stop_token_ids"}))
+                  for i in range(20)])
+    for rid, want in zip(ids, ref):
+        assert rows[rid].output == want.text
+        assert rows[rid].output_token_ids == want.token_ids
+
+    # token events of each request: indices 0..n-1 in topic order, then one final event
+    events = results_by_request(service.settings, set(ids))
+    for rid in ids:
+        evs = events[rid]
+        tokens = [e for e in evs if isinstance(e, TokenEvent)]
+        assert [e.index for e in tokens] == list(range(len(tokens)))
+        assert isinstance(evs[-1], FinalEvent) and sum(isinstance(e, FinalEvent) for e in evs) == 1
+        assert [t for e in tokens for t in e.token_ids] == evs[-1].token_ids == rows[rid].output_token_ids
+        assert "".join(e.text for e in tokens) == evs[-1].text
+
+
+def test_stream_yields_tokens_then_final(service):
+    rid = service.client.submit("the quick brown fox", SamplingParams(max_tokens=12, temperature=0))
+    events = list(service.client.stream(rid, timeout=30))
+    assert isinstance(events[-1], FinalEvent)
+    assert [e.index for e in events[:-1]] == list(range(len(events) - 1))
+    assert "".join(e.text for e in events[:-1]) == events[-1].text
+
+
+def test_same_request_id_twice_is_one_row_one_run(service):
+    w = service.worker
+    admitted, dups = w.metrics["admitted"], w.metrics["duplicates"]
+    rid = f"dup-{uuid.uuid4().hex[:8]}"
+    for _ in range(2):
+        service.client.submit("red green blue", SamplingParams(max_tokens=20, temperature=0),
+                              request_id=rid, flush=False)
+    service.client.flush()
+    rows = wait_rows(service.store, [rid])
+    assert rows[rid].status == "completed"
+    deadline = time.monotonic() + 10
+    while w.metrics["duplicates"] == dups and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert w.metrics["admitted"] - admitted == 1      # one engine run
+    assert w.metrics["duplicates"] - dups == 1
+    events = results_by_request(service.settings, {rid})[rid]
+    assert sum(not isinstance(e, TokenEvent) for e in events) == 1  # one final event
+
+
+def test_bad_messages_error_rows_dlq_and_neighbours_complete(service):
+    s, client = service.settings, service.client
+    tag = uuid.uuid4().hex[:6]
+    good = [f"good-{tag}-{i}" for i in range(3)]
+    long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 80)  # > 512 tokens
+    bad = {
+        "not_json": (None, b"this is {not json"),
+        "wrong_schema": (f"bad-schema-{tag}", orjson.dumps({"request_id": f"bad-schema-{tag}", "prompt": 5})),
+        "unknown_param": (f"bad-param-{tag}", orjson.dumps(
+            {"request_id": f"bad-param-{tag}", "prompt": "hi", "params": {"beam_width": 4}})),
+        "oversize": (f"bad-big-{tag}", orjson.dumps(
+            {"request_id": f"bad-big-{tag}", "prompt": "x " * MAX_BYTES})),
+        "over_context": (f"bad-ctx-{tag}", orjson.dumps(
+            {"request_id": f"bad-ctx-{tag}", "prompt": long_prompt,
+             "params": {"max_tokens": 4}})),
+    }
+    headers = [("trace", b"abc123")]
+    client.submit("one two three", SamplingParams(max_tokens=5, temperature=0), request_id=good[0], flush=False)
+    for i, (rid, raw) in enumerate(bad.values()):
+        client.publish_raw(s.topic_requests, raw, key=(rid or f"nokey{i}").encode(), headers=headers)
+        if i == 2:
+            client.submit("four five six", SamplingParams(max_tokens=5, temperature=0), request_id=good[1], flush=False)
+    client.submit("seven eight", SamplingParams(max_tokens=5, temperature=0), request_id=good[2], flush=False)
+    client.flush()
+
+    ids_with_rows = [rid for rid, _ in bad.values() if rid] + good
+    rows = wait_rows(service.store, ids_with_rows, timeout=60)
+    for rid in good:
+        assert rows[rid].status == "completed"
+    codes = {name: rows[rid].error_code for name, (rid, _) in bad.items() if rid}
+    assert codes == {"wrong_schema": "invalid_request", "unknown_param": "invalid_request",
+                     "oversize": "message_too_large", "over_context": "prompt_too_long"}
+    for name, (rid, _) in bad.items():
+        if rid:
+            assert rows[rid].status == "failed" and rows[rid].error, name
+    assert "prompt" in rows[bad["wrong_schema"][0]].error
+    assert "beam_width" in rows[bad["unknown_param"][0]].error
+    assert "512" in rows[bad["over_context"][0]].error
+
+    # every bad message is in the DLQ with its original bytes and headers
+    want = {raw for _, raw in bad.values()}
+    dlq = read_topic(s, s.topic_dlq, until=lambda recs: want <= {r.value for r in recs})
+    by_value = {r.value: r for r in dlq}
+    assert want <= set(by_value)
+    for raw in want:
+        hdrs = dict(by_value[raw].headers)
+        assert hdrs["trace"] == b"abc123" and hdrs["inflight-error"]
+    # the not-JSON message has no id: an ErrorEvent without request_id on the results topic
+    errors = [ev for ev in (r for r in read_topic(s, s.topic_results)) if b'"type":"error"' in ev.value]
+    assert any(orjson.loads(e.value)["request_id"] is None for e in errors)
+    assert service.worker.metrics["dlq"] >= 5
+
+
+def test_cancel_running_request_frees_its_blocks(service):
+    client, worker = service.client, service.worker
+    # make the worker's cancel reader live (it starts at the first cancel after its start)
+    client.cancel(f"warmup-{uuid.uuid4().hex[:6]}")
+    rid = client.submit("hello world", SamplingParams(max_tokens=480, ignore_eos=True, temperature=0))
+    stream = client.stream(rid, timeout=30)
+    first = next(stream)
+    assert isinstance(first, TokenEvent)
+    client.cancel(rid)
+    rest = list(stream)
+    assert isinstance(rest[-1], FinalEvent) and rest[-1].finish_reason == "abort"
+    assert len(rest[-1].token_ids) < 480
+    row = wait_rows(service.store, [rid])[rid]
+    assert row.status == "cancelled"
+    deadline = time.monotonic() + 10
+    while worker.inflight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker.engine.kv.pool.num_used_blocks == 0  # nothing else runs: all blocks back
+
+
+def test_cancel_before_it_is_polled(service):
+    client = service.client
+    client.cancel(f"warmup-{uuid.uuid4().hex[:6]}")
+    time.sleep(0.5)
+    rid = f"early-{uuid.uuid4().hex[:6]}"
+    client.cancel(rid)
+    time.sleep(0.5)  # the worker has read the cancel before the request arrives
+    client.submit("red green", SamplingParams(max_tokens=50), request_id=rid)
+    assert wait_rows(service.store, [rid])[rid].status == "cancelled"
+
+
+def test_unknown_id_is_not_found(service):
+    res = service.client.result("no-such-request")
+    assert res.status == "not_found" and not res.found and not res.done
