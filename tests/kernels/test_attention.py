@@ -68,6 +68,17 @@ def test_split_kv(dtype, head_dim, num_splits):
     check(batch, dtype, num_splits=num_splits)
 
 
+def test_split_kv_chosen_by_wrapper():
+    # Two decodes and a block table 128 blocks wide (the engine may pad tables to the
+    # model's context): the wrapper picks the split path on its own, without a host sync.
+    batch = make_batch([(50, 1), (7, 1)], block_size=16, q_heads=4, kv_heads=1, head_dim=64,
+                       dtype=torch.float32, seed=6)
+    pad = torch.full((2, 128 - batch.block_tables.shape[1]), 10**6, dtype=torch.int32)
+    batch.block_tables = torch.cat([batch.block_tables, pad], dim=1)
+    assert _choose_num_splits(programs=(2 // 4 + 2) * 1, max_context=128 * 16, tile_n=16) == 16
+    check(batch, torch.float32)
+
+
 def test_empty_query_sequence_and_strided_q():
     # A sequence with no new tokens this step, and q as a view of a fused qkv projection.
     batch = make_batch([(9, 1), (12, 0), (3, 4)], block_size=8, q_heads=4, kv_heads=2,
