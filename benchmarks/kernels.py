@@ -35,7 +35,7 @@ DECODE_BATCHES = [1, 8, 32, 64, 128, 256]
 DECODE_CONTEXTS = [512, 2048, 8192, 32768]
 PREFILL_CHUNKS = [512, 1024, 2048, 4096, 8192]
 TOKEN_COUNTS = [1, 64, 256, 4096, 16384]
-MAX_KV_TOKENS = 4 * 1024 * 1024         # B * context cap: 2 x 8 GiB of bf16 K/V
+MAX_KV_TOKENS = 256 * 32768             # B * context cap: 2 x 16 GiB of bf16 K/V
 BASELINE_MAX_KV_TOKENS = 2 * 1024 * 1024  # the torch gather doubles the memory
 
 
