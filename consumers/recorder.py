@@ -22,6 +22,7 @@ from typing import Any
 
 from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from consumers.kafka_io import LRUSet, group_consumer
 from consumers.metrics import Metrics
@@ -33,6 +34,29 @@ from store import Store, error_row, final_row, queued_row, running_row
 log = logging.getLogger("inflight.recorder")
 
 BACKOFF_START_S, BACKOFF_MAX_S = 0.2, 5.0
+
+
+def is_transient(exc: StoreError) -> bool:
+    """The database is away or the connection broke (retry), as opposed to refusing data."""
+    cause = exc.__cause__
+    return isinstance(cause, OperationalError) or (
+        isinstance(cause, DBAPIError) and cause.connection_invalidated)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def clean_row(row: dict[str, Any]) -> dict[str, Any]:
+    """NUL characters (a model can emit them) are not storable in Postgres text/JSONB:
+    they become U+FFFD in text; `output_token_ids` keeps the exact output."""
+    return {k: (v if k == "output_token_ids" else _clean(v)) for k, v in row.items()}
 
 
 class Recorder:
@@ -123,7 +147,12 @@ class Recorder:
         return None
 
     def _write(self, rows: list[dict[str, Any]]) -> bool:
-        """Upsert until it works (True), or until asked to stop (False)."""
+        """Upsert until it works (True), or until asked to stop (False).
+
+        An unreachable database is retried with backoff, offsets held. A batch the database
+        refuses for its content is written row by row; a row that still cannot be stored is
+        logged and skipped (retrying it forever would stall every request behind it)."""
+        rows = [clean_row(r) for r in rows]
         delay = BACKOFF_START_S
         while True:
             try:
@@ -131,9 +160,35 @@ class Recorder:
                 self.metrics.inc("rows_written", len(rows))
                 return True
             except StoreError as exc:
+                if not is_transient(exc):
+                    return self._write_one_by_one(rows)
                 self.metrics.inc("db_retries")
                 log.warning("database write failed (%s); retrying in %.1fs, offsets held",
                             str(exc).splitlines()[0][:200], delay)
+            if self._stopping:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+    def _write_one_by_one(self, rows: list[dict[str, Any]]) -> bool:
+        for row in rows:
+            if not self._write_row(row):
+                return False
+        return True
+
+    def _write_row(self, row: dict[str, Any]) -> bool:
+        delay = BACKOFF_START_S
+        while True:
+            try:
+                self.store.upsert_requests([row])
+                self.metrics.inc("rows_written")
+                return True
+            except StoreError as exc:
+                if not is_transient(exc):
+                    log.error("request %s cannot be stored and is skipped: %s", row.get("id"), exc)
+                    self.metrics.inc("failed")
+                    return True
+                self.metrics.inc("db_retries")
             if self._stopping:
                 return False
             time.sleep(delay)

@@ -67,7 +67,7 @@ class InFlight:
     raw: bytes | None = None            # kept until the engine accepts it (for the DLQ)
     headers: list[tuple[str, bytes]] = field(default_factory=list)
     next_index: int = 0
-    handed_back: bool = False           # revoked / shutting down: drop, publish nothing
+    handed_back: bool = False           # shutting down: drop, publish nothing
 
 
 @dataclass
@@ -112,6 +112,7 @@ class Worker:
         self.cancelled = LRUSet(10_000)
         self.max_seen_inflight = 0
         self._acks: queue.SimpleQueue = queue.SimpleQueue()
+        self._revoked: queue.SimpleQueue = queue.SimpleQueue()
         self._unacked: dict[int, _Unacked] = {}
         self._ack_ids = 0
         self._stopping = False
@@ -197,7 +198,7 @@ class Worker:
             self._step()
         self.producer.flush(timeout=10)
         self._drain_acks()
-        self._commit(force=True)
+        self._commit()
         log.info("worker %s stopped; %s", self.name, self.metrics.summary())
 
     # -- polling ----------------------------------------------------------------------------
@@ -206,6 +207,7 @@ class Worker:
         self._apply_pause(room)
         busy = self.engine.has_unfinished() or bool(self._unacked)
         records = self.consumer.poll(timeout_ms=0 if busy else 50, max_records=max(room, 1))
+        self._handle_revoked()
         interactive = False
         now = time.time()
         for tp, recs in records.items():
@@ -403,9 +405,10 @@ class Worker:
         if time.monotonic() - self._last_commit >= COMMIT_EVERY_S:
             self._commit()
 
-    def _commit(self, force: bool = False, only: set | None = None) -> None:
+    def _commit(self) -> None:
         self._last_commit = time.monotonic()
-        assigned = self.consumer.assignment() if only is None else only
+        self._handle_revoked()
+        assigned = self.consumer.assignment()
         offsets = {tp: off for tp, off in self.tracker.to_commit().items() if tp in assigned}
         if not offsets:
             return
@@ -422,26 +425,28 @@ class Worker:
         self.metrics.set("commit_lag", self.tracker.lag)
 
     # -- rebalance --------------------------------------------------------------------------
-    def on_revoked(self, revoked: set) -> None:
-        """Commit what is settled, hand back in-flight requests of revoked partitions."""
-        revoked = set(revoked)
-        if not revoked:
-            return
-        self._drain_acks()
-        self._commit(only=revoked)
-        for rid, entry in list(self.inflight.items()):
-            if any(tp in revoked for tp, _ in entry.sources) and not entry.handed_back:
-                entry.handed_back = True
-                self.engine.abort(rid)
-        self.tracker.forget(revoked)
+    def _handle_revoked(self) -> None:
+        """Partitions taken away in a rebalance: their offsets are not ours to commit any
+        more. Their in-flight requests keep running (their finals are still published;
+        the new owner may redo them, which the store absorbs), and a re-delivered copy
+        joins the running entry."""
+        while True:
+            try:
+                revoked = self._revoked.get_nowait()
+            except queue.Empty:
+                return
+            self.tracker.forget(revoked)
 
 
 class _Rebalance(ConsumerRebalanceListener):
+    """NOTE: kafka-python 3 calls this on its I/O thread, where blocking consumer calls
+    (commit) are not allowed: it only hands the revoked set to the worker's loop."""
+
     def __init__(self, worker: Worker):
         self.worker = worker
 
     def on_partitions_revoked(self, revoked) -> None:
-        self.worker.on_revoked(revoked)
+        self.worker._revoked.put(set(revoked))
 
     def on_partitions_assigned(self, assigned) -> None:
         log.info("worker %s assigned %s", self.worker.name,

@@ -1,0 +1,251 @@
+"""Failures on the real path: kill -9 of a worker process, the database going away under
+the recorder, a 5,000-message backlog. Real broker, real engine (tiny model), real DBs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from schemas import SamplingParams
+from tests.consumers.conftest import (Service, make_settings, migrated, results_by_request,
+                                      tiny_engine, wait_rows)
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _worker_process(settings, model: Path, log: Path) -> subprocess.Popen:
+    from inflight.commands import settings_env
+
+    env = {**os.environ, **settings_env(settings), "OMP_NUM_THREADS": "1", "INFLIGHT_METRICS_INTERVAL_S": "1",
+           "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "consumers.worker", "--model", str(model)],
+                            env=env, cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+
+
+def test_kill9_worker_mid_run_every_request_ends_with_one_final_row(broker, tiny_model, db_url,
+                                                                    tmp_path):
+    from producers.client import Client
+    from store import Store
+
+    url = migrated(db_url)
+    settings = make_settings(broker, url, worker_max_inflight=4)
+    store = Store(url)
+    recorder = Service(settings, None, store, worker=False)
+    client = Client(settings, store=store)
+    log = tmp_path / "worker.log"
+    params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0)
+    prompts = [f"one two three {w}" for w in "red green blue yellow purple orange black white".split()] * 3
+    ids = client.submit_many(prompts, params)
+    first = _worker_process(settings, tiny_model, log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # let some requests finish, with others in flight
+            done = sum(r.status == "completed" for r in store.get_requests(ids).values())
+            if done >= 2:
+                break
+            assert time.monotonic() < deadline and first.poll() is None, (
+                log.read_text()[-3000:] + recorder.recorder.metrics.summary())
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        rows = store.get_requests(ids)
+        unfinished = [i for i in ids if rows.get(i) is None or rows[i].status != "completed"]
+        assert unfinished, "everything finished before the kill; the test proves nothing"
+
+        second = _worker_process(settings, tiny_model, log)
+        try:
+            rows = wait_rows(store, ids, timeout=120)
+            assert len(rows) == len(ids)                       # none lost
+            assert {r.status for r in rows.values()} == {"completed"}
+            want = {p: out.token_ids for p, out in zip(prompts, tiny_engine(tiny_model).generate(
+                prompts[:8], [__import__("engine").SamplingParams(max_tokens=400, ignore_eos=True,
+                                                                  temperature=0)] * 8))}
+            for rid, prompt in zip(ids, prompts):
+                assert rows[rid].output_token_ids == want[prompt]   # a redo is not corrupted
+                assert rows[rid].usage["completion_tokens"] == 400
+            events = results_by_request(settings, set(ids))
+            finals = {rid: sum(e.type != "token" for e in evs) for rid, evs in events.items()}
+            assert all(finals[i] >= 1 for i in ids)
+            # graceful stop of the survivor: SIGTERM -> drain, commit, leave the group, exit 0
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(30) == 0, log.read_text()[-3000:]
+        finally:
+            if second.poll() is None:
+                second.kill()
+    finally:
+        if first.poll() is None:
+            first.kill()
+        recorder.stop()
+        client.close()
+        store.close()
+
+
+class TcpProxy:
+    """A TCP forwarder we can cut (close every connection, refuse new ones) and restore."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.target = target
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.listener: socket.socket | None = None
+        self.restore()
+
+    def restore(self) -> None:
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind(("127.0.0.1", self.port))
+        ls.listen(64)
+        self.listener = ls
+        threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
+
+    def _accept(self, ls: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = ls.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        if self.listener is not None:
+            try:  # NOTE: shutdown wakes the thread blocked in accept(); close alone does not
+                self.listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.listener.close()
+            self.listener = None
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+                c.close()
+            except OSError:
+                pass
+        self.conns = []
+
+
+@pytest.mark.postgres
+def test_database_outage_under_the_recorder_loses_nothing(broker, tiny_model, postgres_url):
+    from consumers.recorder import Recorder
+    from producers.client import Client
+    from sqlalchemy.engine import make_url
+    from store import Store
+
+    url = migrated(postgres_url)
+    u = make_url(url)
+    proxy = TcpProxy((u.host or "127.0.0.1", u.port or 5432))
+    proxied = u.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    settings = make_settings(broker, url)
+    direct = Store(url)
+    svc = Service(settings, tiny_engine(tiny_model), Store(proxied))
+    client = Client(settings, store=direct)
+    p = SamplingParams(max_tokens=6, temperature=0)
+    try:
+        before = client.submit_many([f"red green {i}" for i in range(10)], p)
+        assert {r.status for r in wait_rows(direct, before).values()} == {"completed"}
+
+        proxy.cut()  # the database is gone for the recorder
+        during = client.submit_many([f"blue yellow {i}" for i in range(10)], p)
+        deadline = time.monotonic() + 15
+        while svc.recorder.metrics["db_retries"] < 2:
+            assert time.monotonic() < deadline, "the recorder never hit the outage"
+            time.sleep(0.1)
+        assert not direct.get_requests(during)  # nothing could be written
+        # the recorder is restarted while the database is still down: it held its offsets
+        svc.recorder.stop()
+        svc.threads[1].join(30)
+        time.sleep(1.0)
+        proxy.restore()
+        recorder2 = Recorder(settings, Store(proxied)).open()
+        t = threading.Thread(target=recorder2.run, daemon=True)
+        t.start()
+        try:
+            rows = wait_rows(direct, before + during, timeout=60)
+            assert len(rows) == 20 and {r.status for r in rows.values()} == {"completed"}
+            assert all(rows[i].output for i in during)
+        finally:
+            recorder2.stop()
+            t.join(30)
+    finally:
+        proxy.cut()
+        svc.stop()
+        client.close()
+        direct.close()
+
+
+def test_backlog_of_5000_drains_with_bounded_in_flight(broker, tiny_model, tmp_path):
+    from producers.client import Client
+    from store import Store
+
+    url = f"sqlite:///{tmp_path / 'backlog.db'}"
+    store = Store(url, create=True)
+    limit = 32
+    settings = make_settings(broker, url, worker_max_inflight=limit)
+    client = Client(settings, store=store)
+    n = 5000
+    t0 = time.monotonic()
+    ids = client.submit_many([{"prompt_token_ids": [5 + i % 200, 6, 7]} for i in range(n)],
+                             SamplingParams(max_tokens=1, temperature=0), progress=False)
+    submit_s = time.monotonic() - t0
+    svc = Service(settings, tiny_engine(tiny_model, max_num_seqs=limit), store)
+    w = svc.worker
+    peak, paused_seen, peak_unacked = 0, False, 0
+    try:
+        deadline = time.monotonic() + 150
+        while True:
+            peak = max(peak, len(w.inflight))
+            peak_unacked = max(peak_unacked, len(w._unacked))
+            paused_seen |= w.metrics["paused_partitions"] > 0
+            if w.metrics["completed"] >= n:
+                break
+            assert time.monotonic() < deadline, w.metrics.summary()
+            time.sleep(0.01)
+        drain_s = time.monotonic() - t0 - submit_s
+        counts = {}
+        while time.monotonic() < deadline:
+            counts = store.count_by_status()
+            if counts["completed"] >= n:
+                break
+            time.sleep(0.2)
+        assert counts["completed"] == n
+        assert w.max_seen_inflight <= limit and peak <= limit
+        assert paused_seen                      # it hit the limit and paused its partitions
+        assert w.metrics["admitted"] == n
+        print(f"\nbacklog {n}: submit {submit_s:.1f}s, worker drained in {drain_s:.1f}s, "
+              f"peak in-flight {w.max_seen_inflight}/{limit}, peak unacked finals {peak_unacked}")
+    finally:
+        svc.stop()
+        client.close()
+        store.close()
+    assert len(ids) == n
