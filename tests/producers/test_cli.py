@@ -1,0 +1,105 @@
+"""`inflight submit / result / stream / cancel` in-process, and `inflight demo` end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from kafka import TopicPartition
+
+pytestmark = [pytest.mark.broker]
+
+
+@pytest.fixture
+def cli_env(kafka_settings, monkeypatch):
+    from inflight.commands import settings_env
+
+    for key, value in settings_env(kafka_settings).items():
+        monkeypatch.setenv(key, value)
+    return kafka_settings
+
+
+def _run(capsys, *argv) -> tuple[int, str]:
+    from inflight.cli import main
+
+    rc = main(list(argv))
+    return rc, capsys.readouterr().out
+
+
+def _read(settings, topic, n, timeout=10.0):
+    from consumers.kafka_io import partitions_of, plain_consumer
+
+    c = plain_consumer(settings)
+    try:
+        tps = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        out, deadline = [], time.monotonic() + timeout
+        while len(out) < n and time.monotonic() < deadline:
+            for recs in c.poll(timeout_ms=200).values():
+                out.extend(recs)
+        return out
+    finally:
+        c.close()
+
+
+def test_result_and_stream_of_an_unknown_id_say_not_found(cli_env, capsys):
+    rc, out = _run(capsys, "result", "nope-123")
+    assert rc == 1 and out.strip() == "nope-123: not found"
+    rc, out = _run(capsys, "result", "nope-123", "--json")
+    assert rc == 1 and orjson.loads(out)["status"] == "not_found"
+    rc, out = _run(capsys, "stream", "nope-123", "--timeout", "1", "--json")
+    assert rc == 1 and orjson.loads(out)["status"] == "not_found"
+
+
+def test_submit_prompt_and_openai_batch_file(cli_env, capsys, tmp_path):
+    s = cli_env
+    rc, out = _run(capsys, "submit", "hello", "there", "--max-tokens", "5", "--temperature", "0",
+                   "--id", "cli-1", "--json")
+    assert rc == 0 and orjson.loads(out) == {"request_id": "cli-1", "status": "submitted"}
+    rec = _read(s, s.topic_requests, 1)[0]
+    body = orjson.loads(rec.value)
+    assert body["prompt"] == "hello there" and body["params"]["max_tokens"] == 5
+
+    f = tmp_path / "batch.jsonl"
+    f.write_text("\n".join([
+        orjson.dumps({"custom_id": "oa-1", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"model": "x", "messages": [{"role": "user", "content": "hi"}],
+                               "max_tokens": 7}}).decode(),
+        orjson.dumps({"request_id": "own-1", "prompt": "plain line"}).decode(),
+        "{broken",
+    ]) + "\n")
+    rc, out = _run(capsys, "submit", "--file", str(f), "--batch-id", "job1", "--json")
+    res = orjson.loads(out)
+    assert rc == 1 and res["submitted"] == 2 and res["bad_lines"] == 1  # the bad line is reported
+    recs = _read(s, s.topic_requests_batch, 2)
+    bodies = {orjson.loads(r.value)["request_id"]: orjson.loads(r.value) for r in recs}
+    assert [(m["role"], m["content"]) for m in bodies["oa-1"]["messages"]] == [("user", "hi")]
+    assert bodies["oa-1"]["params"]["max_tokens"] == 7
+    assert bodies["own-1"]["batch_id"] == "job1"
+
+    rc, out = _run(capsys, "cancel", "cli-1")
+    assert rc == 0 and "cancel sent" in out
+
+
+def test_demo_runs_the_whole_path():
+    from inflight.model import default_model_dir, is_hf_folder
+    from schemas import Settings
+
+    if not is_hf_folder(default_model_dir(Settings())):
+        pytest.skip("the bundled SmolLM2 model is not converted on this machine")
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(repo)}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "inflight.cli", "demo", "--max-tokens", "8",
+                           "--json"], env=env, cwd=repo, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = orjson.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["ok"] and len(report["results"]) == 4
+    assert all(r["status"] == "completed" and r["text"] for r in report["results"])
+    assert time.monotonic() - t0 < 90
