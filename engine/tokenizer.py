@@ -26,7 +26,9 @@ class Tokenizer:
         self.hf = HFTokenizer.from_file(str(path))
         cfg_path = folder / "tokenizer_config.json"
         self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        self.chat_template: str | None = self.config.get("chat_template")
+        template_file = folder / "chat_template.jinja"  # transformers >= 4.50 saves it apart
+        self.chat_template: str | None = (template_file.read_text() if template_file.is_file()
+                                          else self.config.get("chat_template"))
         eos = list(eos_token_ids)
         eos_tok = self.config.get("eos_token")
         if isinstance(eos_tok, dict):

@@ -1,0 +1,104 @@
+"""Shared bits of the engine benchmarks: model path, workloads, tables, JSON and plots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import platform
+import random
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", help="HF model folder (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")),
+                   help="torch CPU threads for both sides")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    p.add_argument("--plot", metavar="PATH", help="save a plot (PNG)")
+    return p
+
+
+def model_path(arg: str | None) -> pathlib.Path:
+    if arg:
+        return pathlib.Path(arg)
+    from inflight.model import ensure_default_model
+
+    return ensure_default_model()
+
+
+def setup_torch(threads: int, seed: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    random.seed(seed)
+
+
+def random_tokens(rng: random.Random, n: int, vocab: int, low: int = 100) -> list[int]:
+    """Ordinary (non-special) token ids: SmolLM2's specials sit below 100."""
+    return [rng.randrange(low, vocab) for _ in range(n)]
+
+
+def lognormal_lengths(rng: random.Random, n: int, median: float, sigma: float, lo: int, hi: int) -> list[int]:
+    return [min(hi, max(lo, round(median * math.exp(rng.gauss(0.0, sigma))))) for _ in range(n)]
+
+
+def percentile(values, q: float) -> float:
+    vals = sorted(values)
+    if not vals:
+        return float("nan")
+    k = (len(vals) - 1) * q / 100.0
+    f, c = math.floor(k), math.ceil(k)
+    return vals[f] + (vals[c] - vals[f]) * (k - f)
+
+
+def machine_note() -> str:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+            f"load avg {load:.2f} at end")
+
+
+def print_table(title: str, rows: list[tuple], headers: tuple) -> None:
+    cells = [tuple(fmt(c) for c in r) for r in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    print(f"\n{title}")
+    print("  ".join(str(h).ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+    return str(v)
+
+
+def write_json(path: str | None, data: dict) -> None:
+    if path:
+        pathlib.Path(path).write_text(json.dumps(data, indent=2, default=str))
+        print(f"\nwrote {path}")
+
+
+class Timer:
+    def __enter__(self):
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.elapsed = time.perf_counter() - self.start
