@@ -1,0 +1,272 @@
+"""Whole service path vs the engine alone, same workload, same run.
+
+    .venv/bin/python benchmarks/service.py [--json out.json] [--skip-postgres]
+
+Workload: the engine benchmark's (benchmarks/throughput.py `workload`): 64 requests,
+prompt lengths uniform 16-256 tokens, output lengths lognormal (median 48, clipped
+8-256), greedy, ignore_eos, SmolLM2-135M fp32 on CPU.
+
+- engine alone: all requests added to one `Engine`, stepped to completion.
+- whole path: Client.submit -> embedded Tansu -> worker (same engine config) -> results
+  topic -> recorder -> store (SQLite file, then a fresh Postgres database), all real.
+  Wall time runs from the first submit to the last final row's commit (`updated_at`);
+  latency is per request, submit -> final row.
+Worker and recorder run as threads of this process (like `inflight demo`); both have
+joined their groups and the engine is warmed up before the clock starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import random
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+for p in (str(ROOT), str(ROOT / "benchmarks")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+
+def workload(n: int, seed: int, vocab: int):
+    """The engine benchmark's workload (imported when present, else the same recipe)."""
+    try:
+        from throughput import workload as engine_workload  # benchmarks/throughput.py
+
+        return engine_workload(n, seed, vocab)
+    except ImportError:
+        rng = random.Random(seed)
+        prompts = [[rng.randrange(100, vocab) for _ in range(rng.randint(16, 256))] for _ in range(n)]
+        outputs = [min(256, max(8, round(48 * math.exp(rng.gauss(0.0, 0.8))))) for _ in range(n)]
+        return prompts, outputs
+
+
+def pct(values, q: float) -> float:
+    vals = sorted(values)
+    if not vals:
+        return float("nan")
+    k = (len(vals) - 1) * q / 100.0
+    f, c = math.floor(k), math.ceil(k)
+    return vals[f] + (vals[c] - vals[f]) * (k - f)
+
+
+def engine_config(args, path):
+    from engine import EngineConfig
+
+    return EngineConfig(model=str(path), dtype=args.dtype, device=args.device,
+                        max_num_seqs=args.max_num_seqs, kv_cache_bytes=args.kv_cache_mib << 20,
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        enable_prefix_caching=False, seed=args.seed)
+
+
+def warm(engine) -> None:
+    from engine import SamplingParams
+
+    engine.generate([[100 + i for i in range(32)]], SamplingParams(max_tokens=4, temperature=0.0,
+                                                                   ignore_eos=True))
+
+
+def run_engine(args, path, prompts, outputs) -> dict:
+    from engine import Engine, SamplingParams
+
+    eng = Engine(engine_config(args, path))
+    warm(eng)
+    finals = {}
+    t0 = time.perf_counter()
+    for i, (p, m) in enumerate(zip(prompts, outputs)):
+        eng.add_request(str(i), prompt_token_ids=p,
+                        params=SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.finished:
+                finals[out.request_id] = (out, time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o, _ in finals.values())
+    lat = [t for _, t in finals.values()]
+    return {"wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall,
+            "p50_s": pct(lat, 50), "p99_s": pct(lat, 99),
+            "token_ids": {int(k): o.token_ids for k, (o, _) in finals.items()}}
+
+
+def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
+    from consumers.recorder import Recorder
+    from consumers.worker import Worker
+    from engine import Engine
+    from inflight.topics import create_topics
+    from producers.client import Client
+    from schemas import SamplingParams, Settings
+    from store import Store
+
+    tag = uuid.uuid4().hex[:8]
+    s = Settings(kafka_bootstrap=broker.bootstrap, kafka_session_timeout_ms=2000,
+                 kafka_heartbeat_interval_ms=500, topic_requests=f"b{tag}.requests",
+                 topic_requests_batch=f"b{tag}.requests.batch", topic_results=f"b{tag}.results",
+                 topic_dlq=f"b{tag}.dlq", topic_cancel=f"b{tag}.cancel",
+                 worker_group=f"b{tag}-workers", recorder_group=f"b{tag}-recorder",
+                 database_url=db_url, worker_max_inflight=args.max_num_seqs,
+                 metrics_interval_s=0.0)
+    create_topics(s, partitions=args.partitions)
+    store = Store(db_url, create=True)
+    engine = Engine(engine_config(args, path))
+    warm(engine)
+    worker, recorder = Worker(s, engine).open(), Recorder(s, store).open()
+    threads = [threading.Thread(target=x.run, daemon=True) for x in (worker, recorder)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while not (worker.consumer.assignment() and recorder.consumer.assignment()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("worker/recorder did not join their groups in 30s")
+        time.sleep(0.05)
+    time.sleep(0.5)
+    client = Client(s, store=store)
+    try:
+        submitted = {}
+        t0 = time.time()
+        for i, (p, m) in enumerate(zip(prompts, outputs)):
+            rid = f"bench-{tag}-{i}"
+            client.submit({"prompt_token_ids": p}, SamplingParams(max_tokens=m, temperature=0.0,
+                                                                  ignore_eos=True),
+                          request_id=rid, flush=False)
+            submitted[rid] = i
+        client.flush()
+        ids = list(submitted)
+        deadline = time.monotonic() + args.timeout
+        while True:
+            counts = store.count_by_status()
+            if counts["completed"] + counts["failed"] >= len(ids):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {counts} after {args.timeout}s")
+            time.sleep(0.25)
+        rows = store.get_requests(ids)
+        req_submit = {rid: row.created_at.timestamp() for rid, row in rows.items()}
+        done_at = {rid: row.updated_at.timestamp() for rid, row in rows.items()}
+        wall = max(done_at.values()) - t0
+        tokens = sum(len(r.output_token_ids or []) for r in rows.values())
+        lat = [done_at[r] - req_submit[r] for r in ids]
+        failed = [r for r in ids if rows[r].status != "completed"]
+        token_ids = {submitted[r]: rows[r].output_token_ids for r in ids}
+        return {"wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall,
+                "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "failed": len(failed),
+                "token_ids": token_ids, "worker": worker.metrics.summary()}
+    finally:
+        client.close()
+        worker.stop()
+        recorder.stop()
+        for t in threads:
+            t.join(60)
+        store.close()
+
+
+def postgres_database(url: str):
+    """A fresh database next to `url` (dropped by the returned cleanup), or None."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from store import normalize_url
+
+    base = make_url(normalize_url(url))
+    name = f"inflight_bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(base.set(database="postgres"), isolation_level="AUTOCOMMIT",
+                          connect_args={"connect_timeout": 5})
+    try:
+        with admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # noqa: BLE001 - no server: the Postgres row is skipped
+        admin.dispose()
+        print(f"(Postgres skipped: {type(exc).__name__}: {str(exc).splitlines()[0]})")
+        return None, None
+
+    def drop():
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return base.set(database=name).render_as_string(hide_password=False), drop
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-cache-mib", type=int, default=1024)
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--postgres-url", default=os.environ.get(
+        "INFLIGHT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
+    p.add_argument("--skip-postgres", action="store_true")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args()
+
+    import logging
+
+    import torch
+
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+    from inflight.broker import EmbeddedBroker
+    from inflight.model import resolve_model
+
+    path = resolve_model(args.model)
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    prompts, outputs = workload(args.num_requests, args.seed, vocab)
+    print(f"model {path.name}, {args.dtype} on {args.device}, {args.threads} torch threads, "
+          f"{os.cpu_count()} CPUs; {len(prompts)} requests, prompt tokens {sum(map(len, prompts))}, "
+          f"output tokens {sum(outputs)}")
+    results = {"engine alone": run_engine(args, path, prompts, outputs)}
+    print(f"engine alone: {results['engine alone']['wall_s']:.1f}s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="inflight-bench-") as tmp, \
+            EmbeddedBroker(log_path=pathlib.Path(tmp) / "tansu.log") as broker:
+        results["path, SQLite"] = run_service(args, path, prompts, outputs,
+                                              f"sqlite:///{tmp}/bench.db", broker)
+        print(f"path, SQLite: {results['path, SQLite']['wall_s']:.1f}s", flush=True)
+        if not args.skip_postgres:
+            url, drop = postgres_database(args.postgres_url)
+            if url:
+                try:
+                    results["path, Postgres"] = run_service(args, path, prompts, outputs, url, broker)
+                finally:
+                    drop()
+    # NOTE: the engine runs again last, so a load change on a shared machine shows up as a
+    # gap between the two engine rows; the ratio uses their mean.
+    results["engine alone (again)"] = run_engine(args, path, prompts, outputs)
+    first, again = results["engine alone"], results["engine alone (again)"]
+    base = {"tok_s": (first["tok_s"] + again["tok_s"]) / 2, "token_ids": first["token_ids"]}
+    headers = ("system", "wall s", "output tokens", "output tok/s", "vs engine",
+               "p50 submit->row s", "p99 submit->row s", "same tokens")
+    rows = []
+    for name, r in results.items():
+        same = all(r["token_ids"].get(i) == base["token_ids"].get(i) for i in range(len(prompts)))
+        rows.append((name, f"{r['wall_s']:.2f}", str(r["output_tokens"]), f"{r['tok_s']:.1f}",
+                     f"{r['tok_s'] / base['tok_s']:.1%}", f"{r['p50_s']:.2f}", f"{r['p99_s']:.2f}",
+                     "yes" if same else "NO"))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    print("\nWhole path vs engine alone (issue 3 workload)")
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    print("(engine alone: latency = add_request -> final output; path: submit -> final row; "
+          "'vs engine' = output tok/s over the mean of the two engine-alone runs)")
+    if args.json:
+        out = {k: {kk: vv for kk, vv in v.items() if kk != "token_ids"} for k, v in results.items()}
+        pathlib.Path(args.json).write_text(json.dumps({"args": vars(args), "results": out}, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
