@@ -23,7 +23,11 @@ def _out(args: Any, human: str, data: Any) -> None:
 
 
 def _client(settings: Settings):
+    import logging
+
     from producers.client import Client
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # the embedded SQLite self-migrates
 
     return Client(settings)
 
