@@ -22,10 +22,12 @@ import orjson
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
+from pydantic import ValidationError
 
 from schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, FinalEvent,
                      InferenceRequest, SamplingParams, SchemaError, Settings, TokenEvent,
                      decode_result, encode)
+from schemas.codec import schema_error
 from schemas.errors import BrokerError, InflightError
 from store import FINAL_STATUSES, Store
 
@@ -107,14 +109,9 @@ def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
     fields.setdefault("submitted_at", time.time())
     try:
         return InferenceRequest.model_validate(fields)
-    except Exception as exc:  # pydantic ValidationError → one SchemaError
-        from pydantic import ValidationError
-
-        from schemas.codec import schema_error
-        if isinstance(exc, ValidationError):
-            raise schema_error(exc, raw=None, request_id=fields.get("request_id"),
-                               model=InferenceRequest) from None
-        raise
+    except ValidationError as exc:  # one SchemaError naming the first bad field
+        raise schema_error(exc, raw=None, request_id=fields.get("request_id"),
+                           model=InferenceRequest) from None
 
 
 class Client:
