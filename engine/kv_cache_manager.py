@@ -59,6 +59,22 @@ class KVCacheManager:
             hits.append(block)
         return hits, len(hits) * self.block_size
 
+    def hashes_in_flight(self, requests: Sequence[Request]) -> set[BlockHash]:
+        """Hashes of the full blocks these requests have still to compute."""
+        if not self.enable_caching:
+            return set()
+        out: set[BlockHash] = set()
+        for req in requests:
+            if req.num_tokens - req.num_computed_tokens > self.block_size:
+                self._update_hashes(req)
+                out.update(req.block_hashes[req.num_computed_tokens // self.block_size:])
+        return out
+
+    def next_block_in(self, req: Request, num_hit_blocks: int, hashes: set[BlockHash]) -> bool:
+        """Is the first block req would compute (after its cache hits) among `hashes`?"""
+        return bool(hashes) and num_hit_blocks < len(req.block_hashes) and \
+            req.block_hashes[num_hit_blocks] in hashes
+
     def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.num_queried_tokens += num_tokens
         self.num_hit_tokens += num_hit_tokens

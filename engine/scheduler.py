@@ -117,18 +117,27 @@ class Scheduler:
         return refund
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            req = self.waiting[0]
+        in_flight = self.kv.hashes_in_flight(self.running)
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[i]
             cached, num_cached = self.kv.find_cached_prefix(req)
+            # NOTE: when the next block this request would compute is being computed right
+            # now by a running request (a shared system prompt arriving in a burst), wait a
+            # step and take it from the cache instead of computing it twice.
+            if self.kv.next_block_in(req, len(cached), in_flight):
+                i += 1
+                continue
             n = min(req.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(req, n, cached):
                 break  # wait for blocks to free up; never preempt to admit
             self.kv.record_prefix_query(req.num_tokens, num_cached)
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = min(num_cached, req.num_prompt_tokens)
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            in_flight |= self.kv.hashes_in_flight([req])
             out.requests.append(req)
             out.num_tokens.append(n)
             budget -= n

@@ -90,3 +90,11 @@ def test_abort_releases_shared_blocks(tiny_model_path):
         eng.step()
     eng.kv.check_invariants([])
     assert eng.stats()["kv_blocks_used"] == 0
+
+
+def test_burst_of_sharers_computes_the_prefix_once(tiny_model_path, hf_ref):
+    prompts = shared_prompts(6, prefix_len=24)  # 6 full blocks of 4 shared
+    on, s = run(tiny_model_path, prompts, True)  # all arrive together, budget fits all
+    assert [o.num_cached_tokens for o in on] == [0] + [24] * 5
+    assert s["prefill_tokens"] == sum(map(len, prompts)) - 5 * 24
+    assert [o.token_ids for o in on] == [hf_ref.greedy(tiny_model_path, p, 10) for p in prompts]
