@@ -22,7 +22,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--model", help="HF model folder (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")),
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")),
                    help="torch CPU threads for both sides")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")
@@ -96,9 +96,14 @@ def write_json(path: str | None, data: dict) -> None:
 
 
 class Timer:
+    """Wall time and this process's CPU time. NOTE: on a shared, loaded machine the CPU
+    time (with one torch thread) is the steadier measure of work; report both."""
+
     def __enter__(self):
         self.start = time.perf_counter()
+        self.cpu_start = time.process_time()
         return self
 
     def __exit__(self, *exc):
         self.elapsed = time.perf_counter() - self.start
+        self.cpu = time.process_time() - self.cpu_start
