@@ -7,6 +7,10 @@
 
 Bad requests (empty, too long for the context or the KV cache, token ids outside the
 vocabulary) never raise: they finish at the next step with finish_reason "error".
+`priority`: lower values are served first and preempted last (vLLM's convention); batch
+work should use a higher value. Not thread-safe: one thread calls add/abort/step.
+For the service: `engine.tokenizer` (encode/decode/apply_chat_template, eos_token_ids),
+`engine.max_model_len`, and `add_request(..., messages=[...], arrival_time=...)`.
 """
 
 from __future__ import annotations
@@ -85,8 +89,11 @@ class Engine:
         try:
             if prompt_token_ids is None:
                 if messages is not None:
-                    prompt = self.tokenizer.apply_chat_template(messages)
-                prompt_token_ids = self.tokenizer.encode(prompt or "") if prompt else []
+                    # the template already holds any BOS it wants (as in HF's apply_chat_template)
+                    text = self.tokenizer.apply_chat_template(messages)
+                    prompt_token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+                else:
+                    prompt_token_ids = self.tokenizer.encode(prompt) if prompt else []
         except InflightError as exc:
             prompt_token_ids, error = [], str(exc)
         req = Request(request_id, list(prompt_token_ids), params, priority,
