@@ -11,7 +11,6 @@ nothing hits. Time to first token counts from submission, so it includes queuein
 from __future__ import annotations
 
 import random
-import time
 
 from common import (Timer, base_parser, machine_note, model_path, percentile, print_table,
                     random_tokens, setup_torch, write_json)

@@ -58,66 +58,54 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
                           query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
     """Faster torch path, equal to `paged_attention_ref` (tested): the single-token (decode)
-    sequences go through one batched, padded gather + masked attention; each multi-token
-    (prefill chunk) sequence goes through `scaled_dot_product_attention`. fp32 math."""
+    sequences go through one batched, padded block gather and one masked
+    `scaled_dot_product_attention`; each multi-token (prefill chunk) sequence through its
+    own causal one. Grouped-query heads are read in place (enable_gqa). fp32 math."""
     import torch.nn.functional as F
 
     T, Hq, D = q.shape
-    _, bs, Hkv, _ = k_cache.shape
-    group = Hq // Hkv
+    nb, bs, Hkv, _ = k_cache.shape
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     out = torch.empty_like(q)
+    k_flat, v_flat = k_cache.view(nb, bs * Hkv * D), v_cache.view(nb, bs * Hkv * D)
     decodes = [b for b in range(len(lens)) if starts[b + 1] - starts[b] == 1]
     if decodes:
-        rows = [starts[b] for b in decodes]
-        max_len = max(lens[b] for b in decodes)
-        n_blocks = (max_len + bs - 1) // bs
-        if len(decodes) == len(lens):  # all decodes: rows are 0..B-1, no selection needed
+        all_decode = len(decodes) == len(lens)  # then rows of q are sequences 0..B-1
+        n_blocks = (max(lens[b] for b in decodes) + bs - 1) // bs
+        if all_decode:
             bt, lens_t, qd = block_tables[:, :n_blocks], seq_lens, q
         else:
             sel = torch.tensor(decodes, device=q.device)
-            bt, lens_t = block_tables[sel, :n_blocks], seq_lens[sel]
-            qd = q[torch.tensor(rows, device=q.device)]
-        Bd = len(decodes)
-        L = n_blocks * bs
-        # NOTE: gather head-major rows [Bd, Hkv, L, D] so both matmuls run on contiguous
-        # matrices; row r of the cache viewed as [num_blocks * bs * Hkv, D] is
-        # (slot * Hkv + head), slot = block * bs + offset.
-        pos = torch.arange(L, device=q.device)
-        slots = bt.long().repeat_interleave(bs, dim=1) * bs + (pos % bs)[None, :]  # [Bd, L]
-        cache_rows = (slots[:, None, :] * Hkv + torch.arange(Hkv, device=q.device)[None, :, None]).reshape(-1)
-        k = k_cache.view(-1, D).index_select(0, cache_rows).view(Bd, Hkv, L, D).float()
-        v = v_cache.view(-1, D).index_select(0, cache_rows).view(Bd, Hkv, L, D).float()
-        qg = qd.float().view(Bd, Hkv, group, D)
-        scores = torch.matmul(qg, k.transpose(2, 3)) * scale  # [Bd, Hkv, G, L]
-        pad = pos[None, :] >= lens_t[:, None]
-        scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        o = torch.matmul(probs, v)  # [Bd, Hkv, G, D]
-        o = o.reshape(Bd, Hq, D).to(q.dtype)
-        if len(decodes) == len(lens):
-            out.copy_(o)
-        else:
-            out[torch.tensor(rows, device=q.device)] = o
+            rows = torch.tensor([starts[b] for b in decodes], device=q.device)
+            bt, lens_t, qd = block_tables[sel, :n_blocks], seq_lens[sel], q[rows]
+        Bd, L = len(decodes), n_blocks * bs
+        # [Bd * n_blocks] whole blocks -> [Bd, L, Hkv, D] -> a [Bd, Hkv, L, D] view
+        idx = bt.reshape(-1).long()
+        k = k_flat.index_select(0, idx).view(Bd, L, Hkv, D).transpose(1, 2).float()
+        v = v_flat.index_select(0, idx).view(Bd, L, Hkv, D).transpose(1, 2).float()
+        keep = torch.arange(L, device=q.device)[None, :] < lens_t[:, None]
+        o = F.scaled_dot_product_attention(qd.float().view(Bd, Hq, 1, D), k, v,
+                                           attn_mask=keep[:, None, None, :], scale=scale,
+                                           enable_gqa=True).view(Bd, Hq, D).to(q.dtype)
+        if all_decode:
+            return o
+        out[rows] = o
     for b, seq_len in enumerate(lens):
         s, e = starts[b], starts[b + 1]
         q_len = e - s
         if q_len <= 1:
             continue
         n_blocks = (seq_len + bs - 1) // bs
-        blocks = block_tables[b, :n_blocks].long()
-        k = k_cache[blocks].reshape(n_blocks * bs, Hkv, D)[:seq_len].float().transpose(0, 1)
-        v = v_cache[blocks].reshape(n_blocks * bs, Hkv, D)[:seq_len].float().transpose(0, 1)
+        idx = block_tables[b, :n_blocks].long()
+        k = k_flat.index_select(0, idx).view(n_blocks * bs, Hkv, D)[:seq_len].transpose(0, 1).float()
+        v = v_flat.index_select(0, idx).view(n_blocks * bs, Hkv, D)[:seq_len].transpose(0, 1).float()
         qb = q[s:e].float().transpose(0, 1)  # [Hq, q_len, D]
-        if group > 1:
-            k = k.repeat_interleave(group, dim=0)
-            v = v.repeat_interleave(group, dim=0)
         if q_len == seq_len:
-            o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale)
+            o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
             q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
             mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos
-            o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale)
+            o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         out[s:e] = o.transpose(0, 1).to(q.dtype)
     return out
