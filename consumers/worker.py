@@ -205,8 +205,9 @@ class Worker:
     def _poll_requests(self) -> None:
         room = self.max_inflight - len(self.inflight)
         self._apply_pause(room)
-        busy = self.engine.has_unfinished() or bool(self._unacked)
-        records = self.consumer.poll(timeout_ms=0 if busy else 50, max_records=max(room, 1))
+        # never wait while the engine has work; wait a little for acks; idle: wait longer
+        wait_ms = 0 if self.engine.has_unfinished() else 5 if self._unacked else 50
+        records = self.consumer.poll(timeout_ms=wait_ms, max_records=max(room, 1))
         self._handle_revoked()
         interactive = False
         now = time.time()
