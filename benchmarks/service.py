@@ -1,6 +1,9 @@
 """Whole service path vs the engine alone, same workload, same run.
 
-    .venv/bin/python benchmarks/service.py [--json out.json] [--skip-postgres]
+    .venv/bin/python benchmarks/service.py [--threads N] [--json out.json] [--skip-postgres]
+
+On a small shared CPU box use `--threads 1`: with 2 OpenMP threads on 2 busy cores the
+engine's own step time swung 6x between identical runs, which swamps the comparison.
 
 Workload: the engine benchmark's (benchmarks/throughput.py `workload`): 64 requests,
 prompt lengths uniform 16-256 tokens, output lengths lognormal (median 48, clipped
@@ -11,8 +14,9 @@ prompt lengths uniform 16-256 tokens, output lengths lognormal (median 48, clipp
   topic -> recorder -> store (SQLite file, then a fresh Postgres database), all real.
   Wall time runs from the first submit to the last final row's commit (`updated_at`);
   latency is per request, submit -> final row.
-Worker and recorder run as threads of this process (like `inflight demo`); both have
-joined their groups and the engine is warmed up before the clock starts. The engine-alone
+The recorder runs as its own process (as deployed); the worker is a thread of this process
+so its engine is built exactly like the engine-alone one; a warm-up request goes through
+the whole path before the clock starts. The engine-alone
 runs also step in a fresh thread with the same torch thread count (see `in_thread`).
 """
 
@@ -126,9 +130,11 @@ def _run_engine(args, path, prompts, outputs) -> dict:
 
 
 def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
-    from consumers.recorder import Recorder
+    import subprocess
+
     from consumers.worker import Worker
     from engine import Engine
+    from inflight.commands import settings_env
     from inflight.topics import create_topics
     from producers.client import Client
     from schemas import SamplingParams, Settings
@@ -144,27 +150,30 @@ def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
                  metrics_interval_s=0.0)
     create_topics(s, partitions=args.partitions)
     store = Store(db_url, create=True)
+    # The recorder is its own process, as deployed (`inflight recorder`); the worker is a
+    # thread here so its engine is built and warmed exactly like the engine-alone run.
+    recorder = subprocess.Popen([sys.executable, "-m", "consumers.recorder"], cwd=ROOT,
+                                env={**os.environ, **settings_env(s), "PYTHONPATH": str(ROOT)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     engine = Engine(engine_config(args, path))
     warm(engine)
-    worker, recorder = Worker(s, engine).open(), Recorder(s, store).open()
+    worker = Worker(s, engine).open()
+
     def run_worker():
         import torch
 
         torch.set_num_threads(args.threads)
         worker.run()
 
-    threads = [threading.Thread(target=run_worker, daemon=True),
-               threading.Thread(target=recorder.run, daemon=True)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 30
-    while not (worker.consumer.assignment() and recorder.consumer.assignment()):
-        if time.monotonic() > deadline:
-            raise RuntimeError("worker/recorder did not join their groups in 30s")
-        time.sleep(0.05)
-    time.sleep(0.5)
-    client = Client(s, store=store)
+    thread = threading.Thread(target=run_worker, daemon=True)
+    thread.start()
+    client = Client(s)
     try:
+        # warm-up through the whole path: both groups joined, every connection open
+        probe = client.submit({"prompt_token_ids": [100, 101, 102]},
+                              SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        if not client.wait(probe, timeout=60).done:
+            raise RuntimeError("the warm-up request did not finish in 60s")
         submitted = {}
         t0 = time.time()
         for i, (p, m) in enumerate(zip(prompts, outputs)):
@@ -178,7 +187,7 @@ def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
         deadline = time.monotonic() + args.timeout
         while True:
             counts = store.count_by_status()
-            if counts["completed"] + counts["failed"] >= len(ids):
+            if counts["completed"] + counts["failed"] >= len(ids) + 1:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {counts} after {args.timeout}s")
@@ -197,9 +206,9 @@ def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
     finally:
         client.close()
         worker.stop()
-        recorder.stop()
-        for t in threads:
-            t.join(60)
+        thread.join(60)
+        recorder.terminate()
+        recorder.wait(30)
         store.close()
 
 
