@@ -118,7 +118,7 @@ def main() -> None:
             print(f"  caching {'on ' if caching else 'off'}: {r['wall_s']:.1f}s", flush=True)
             runs[caching].append(r)
         best = {c: min(rs, key=lambda r: r["cpu_s"]) for c, rs in runs.items()}
-        table("No shared prefix (best of 2 each)", best[True], best[False])
+        table("No shared prefix (of 2 runs each, the one with less CPU time)", best[True], best[False])
         overhead = best[True]["wall_s"] / best[False]["wall_s"] - 1
         cpu_overhead = best[True]["cpu_s"] / best[False]["cpu_s"] - 1
         print(f"\ncaching overhead when nothing hits: {overhead:+.1%} total time, {cpu_overhead:+.1%} CPU time "
