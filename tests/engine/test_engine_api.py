@@ -108,3 +108,19 @@ def test_sampling_params_validation():
         with pytest.raises(SamplingParamsError):
             SamplingParams(**bad)
     assert SamplingParams(stop="x").stop == ("x",)
+
+
+def test_failed_forward_pass_fails_its_requests_not_the_engine(eng, prompts, monkeypatch):
+    eng.add_request("a", prompt_token_ids=prompts[0], params=GREEDY)
+    eng.add_request("b", prompt_token_ids=prompts[1], params=GREEDY)
+
+    def boom(sched):
+        raise RuntimeError("simulated device failure")
+
+    with monkeypatch.context() as m:
+        m.setattr(eng.runner, "execute", boom)
+        outs = eng.step()
+    assert {o.request_id: o.finish_reason for o in outs} == {"a": "error", "b": "error"}
+    assert "simulated device failure" in outs[0].error
+    assert not eng.has_unfinished() and eng.stats()["kv_blocks_used"] == 0
+    assert eng.generate([prompts[2]], GREEDY)[0].finish_reason == "length"  # still serves
