@@ -1,0 +1,45 @@
+"""Between the wire and the engine: sampling params, engine error codes, building an engine.
+
+The engine knows nothing of Kafka; these few conversions are the worker's edge.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG, InferenceRequest, Settings
+
+
+def engine_params(req: InferenceRequest) -> Any:
+    from engine import SamplingParams as EngineSamplingParams
+
+    p = req.params
+    return EngineSamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                                top_k=p.top_k, seed=p.seed, stop=tuple(p.stop),
+                                stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos)
+
+
+def error_code_for(message: str, produced_tokens: bool) -> str:
+    """Engine error text → ErrorEvent code. Input problems are DLQ-worthy; engine ones not."""
+    if produced_tokens or "preempted" in message or "forward pass" in message:
+        return ERR_ENGINE
+    if "context" in message or "KV blocks" in message:
+        return ERR_PROMPT_TOO_LONG
+    return ERR_INVALID_REQUEST
+
+
+def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: int | None = None,
+                 kv_cache_mb: int | None = None, device: str | None = None,
+                 dtype: str | None = None) -> Any:
+    from engine import Engine, EngineConfig
+    from inflight.model import resolve_model
+
+    path = resolve_model(model, settings)
+    kw: dict[str, Any] = {"model": str(path), "max_num_seqs": max_num_seqs or settings.worker_max_inflight}
+    if kv_cache_mb:
+        kw["kv_cache_bytes"] = kv_cache_mb << 20
+    if device:
+        kw["device"] = device
+    if dtype:
+        kw["dtype"] = dtype
+    return Engine(EngineConfig(**kw))
