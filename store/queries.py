@@ -10,6 +10,12 @@ Idempotent upsert (the recorder's only write):
 NOTE: so a final row (completed/failed/cancelled/expired), once written, is never
 overwritten — not by a duplicate final (first wins), not by a late queued/running; a
 NULL in the new row never erases a value already stored.
+
+One exception fills gaps without moving anything: the describing columns (_FILL_ONLY:
+prompt, params, batch_id, priority) of a row that lacks them are taken from a row that
+does not move forward. Events can reach the recorder out of order (the final event
+before the queued one, from different topics), and the final row must not lose the
+prompt; a value already stored is never replaced.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, create_engine, event, func, select, update
+from sqlalchemy import case, create_engine, event, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
@@ -32,6 +38,7 @@ from store.models import (FINAL_STATUSES, QUEUED, STATUS_RANK, STATUSES, BatchRo
 
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
 _KEEP_ON_CONFLICT = {"id", "created_at"}
+_FILL_ONLY = ("prompt", "params", "batch_id", "priority")
 _BATCH_UPDATABLE = {"status", "total", "completed", "failed", "cancelled", "input", "output",
                     "error", "meta", "finished_at", "expires_at"}
 UPSERT_CHUNK = 500  # rows per INSERT statement (SQLite caps bound parameters)
@@ -65,7 +72,7 @@ def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
         return {k: (new[k] if new[k] is not None or k in _KEEP_ON_CONFLICT else old[k])
                 for k in new} | {"created_at": old["created_at"],
                                  "attempts": max(old["attempts"], new["attempts"])}
-    return old
+    return old | {k: new[k] for k in _FILL_ONLY if old[k] is None and new[k] is not None}
 
 
 class Store:
@@ -158,12 +165,17 @@ class Store:
                 stmt = self._insert(table).values(values[start:start + UPSERT_CHUNK])
                 new, old = stmt.excluded, table.c
                 r_new, r_old = _rank(new.status), _rank(old.status)
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=[table.c.id],
-                    set_={c: func.coalesce(new[c], old[c])
-                          for c in _REQUEST_COLUMNS if c not in _KEEP_ON_CONFLICT}
-                    | {"attempts": self._greatest(new.attempts, old.attempts)},
-                    where=(r_new > r_old) | ((r_new == r_old) & (r_old < 2)))
+                forward = (r_new > r_old) | ((r_new == r_old) & (r_old < 2))
+                fills = [old[c].is_(None) & new[c].is_not(None) for c in _FILL_ONLY]
+                set_ = {c: case((forward, func.coalesce(new[c], old[c])), else_=old[c])
+                        for c in _REQUEST_COLUMNS
+                        if c not in _KEEP_ON_CONFLICT and c not in _FILL_ONLY}
+                set_ |= {c: case((forward, func.coalesce(new[c], old[c])),
+                                 else_=func.coalesce(old[c], new[c])) for c in _FILL_ONLY}
+                set_["attempts"] = case((forward, self._greatest(new.attempts, old.attempts)),
+                                        else_=old.attempts)
+                stmt = stmt.on_conflict_do_update(index_elements=[table.c.id], set_=set_,
+                                                  where=or_(forward, *fills))
                 s.execute(stmt)
         return len(values)
 

@@ -58,9 +58,28 @@ def test_late_queued_or_running_never_downgrades(store: Store, late):
     row = store.get_request("r")
     assert (row.status, row.output, row.worker) == ("completed", "done", None)
     store.upsert_requests([{"id": "q", "status": "running", "worker": "w1"}])
-    store.upsert_requests([{"id": "q", "status": "queued", "prompt": "late"}])
+    store.upsert_requests([{"id": "q", "status": "queued", "prompt": "late", "worker": "w2"}])
     row = store.get_request("q")
-    assert row.status == "running" and row.prompt is None
+    # a late row only fills describing columns that were missing; status/worker stay
+    assert (row.status, row.worker, row.prompt) == ("running", "w1", "late")
+
+
+def test_final_before_queued_keeps_the_prompt_and_never_replaces_it(store: Store):
+    """The recorder may see the final event before the queued one (different topics)."""
+    store.upsert_requests([final("fq", "answer")])
+    queued = {"id": "fq", "status": "queued", "prompt": "question", "params": {"max_tokens": 4},
+              "batch_id": "b1", "worker": "nobody"}
+    store.upsert_requests([queued])
+    row = store.get_request("fq")
+    assert (row.status, row.output, row.worker) == ("completed", "answer", None)
+    assert (row.prompt, row.params, row.batch_id) == ("question", {"max_tokens": 4}, "b1")
+    store.upsert_requests([queued | {"prompt": "other", "params": {"max_tokens": 9}}])
+    row = store.get_request("fq")
+    assert (row.prompt, row.params) == ("question", {"max_tokens": 4})
+    # the same order inside one batch folds the same way
+    store.upsert_requests([final("fq2", "answer"), queued | {"id": "fq2"}])
+    row = store.get_request("fq2")
+    assert (row.status, row.output, row.prompt) == ("completed", "answer", "question")
 
 
 def test_batched_mixed_rows_in_one_call(store: Store):
