@@ -1,4 +1,4 @@
-"""Between the wire and the engine: sampling params, engine error codes, building an engine.
+"""Between the wire and the engine: sampling params, building an engine.
 
 The engine knows nothing of Kafka; these few conversions are the worker's edge.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG, InferenceRequest, Settings
+from schemas import InferenceRequest, Settings
 
 
 def engine_params(req: InferenceRequest) -> Any:
@@ -17,15 +17,6 @@ def engine_params(req: InferenceRequest) -> Any:
     return EngineSamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
                                 top_k=p.top_k, seed=p.seed, stop=tuple(p.stop),
                                 stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos)
-
-
-def error_code_for(message: str, produced_tokens: bool) -> str:
-    """Engine error text → ErrorEvent code. Input problems are DLQ-worthy; engine ones not."""
-    if produced_tokens or "preempted" in message or "forward pass" in message:
-        return ERR_ENGINE
-    if "context" in message or "KV blocks" in message:
-        return ERR_PROMPT_TOO_LONG
-    return ERR_INVALID_REQUEST
 
 
 def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: int | None = None,

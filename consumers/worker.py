@@ -34,11 +34,11 @@ from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from consumers.cancel import CancelListener
-from consumers.engine_bridge import build_engine, engine_params, error_code_for
+from consumers.engine_bridge import build_engine, engine_params
 from consumers.kafka_io import LRUSet, group_consumer, producer
 from consumers.metrics import Metrics
 from consumers.offsets import OffsetTracker
-from schemas import (ERR_ENGINE, ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG,
+from schemas import (ERR_ENGINE, ERR_INVALID_REQUEST,
                      ErrorEvent, FinalEvent, InferenceRequest, SchemaError, Settings, Timings,
                      TokenEvent, Usage, decode_request, encode)
 from schemas.errors import InflightError
@@ -225,10 +225,7 @@ class Worker:
             req = decode_request(rec.value, max_bytes=s.kafka_max_message_bytes,
                                  max_prompt_chars=s.max_prompt_chars)
         except SchemaError as exc:
-            code = ERR_MESSAGE_TOO_LARGE if exc.field == "message" else ERR_INVALID_REQUEST
-            if code == ERR_INVALID_REQUEST and "over the limit" in exc.message:
-                code = ERR_PROMPT_TOO_LONG
-            self._reject(tp, rec.offset, rec.value, rec.headers, exc.request_id, code, exc.message,
+            self._reject(tp, rec.offset, rec.value, rec.headers, exc.request_id, exc.code, exc.message,
                          exc.field, None)
             return
         rid = req.request_id
@@ -297,7 +294,8 @@ class Worker:
         del self.inflight[rid]
         if out.finish_reason == "error":
             message = out.error or "the engine failed this request"
-            code = error_code_for(message, bool(out.token_ids))
+            # the engine says whose fault it was; input problems are DLQ-worthy, its own not
+            code = getattr(out, "error_code", None) or ERR_ENGINE
             raw = entry.raw if code != ERR_ENGINE else None
             self._reject_sources(entry.sources, raw, entry.headers, rid, code, message, None,
                                  req.batch_id)

@@ -37,6 +37,7 @@ from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
 from kernels.ops import get_ops
 from schemas.errors import ConfigError, InflightError
+from schemas.events import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class Engine:
             raise DuplicateRequestError(f"request id {request_id!r} is already active in this "
                                         "engine; wait for its final output or abort it first")
         params = params or SamplingParams()
-        error = None
+        error: tuple[str, str] | None = None
         try:
             if prompt_token_ids is None:
                 if messages is not None:
@@ -95,13 +96,14 @@ class Engine:
                 else:
                     prompt_token_ids = self.tokenizer.encode(prompt) if prompt else []
         except InflightError as exc:
-            prompt_token_ids, error = [], str(exc)
+            prompt_token_ids, error = [], (ERR_INVALID_REQUEST, str(exc))
         req = Request(request_id, list(prompt_token_ids), params, priority,
                       arrival_time=arrival_time or time.time(), arrival_index=next(self._arrivals),
                       extra_keys=tuple(extra_keys))
         error = error or self._validate(req)
         if error is not None:
-            self._pending.append(self._finish_output(req, "error", error))
+            code, message = error
+            self._pending.append(self._finish_output(req, "error", message, code))
             return
         if params.seed is not None:
             req.generator = torch.Generator(device=self.model.device)
@@ -110,23 +112,24 @@ class Engine:
         self.requests[request_id] = req
         self.scheduler.add(req)
 
-    def _validate(self, req: Request) -> str | None:
+    def _validate(self, req: Request) -> tuple[str, str] | None:
+        """(error code, message) when the request cannot run here, else None."""
         n, max_tokens, ctx = req.num_prompt_tokens, req.params.max_tokens, self.max_model_len
         if n == 0:
-            return "the prompt is empty: send at least one token"
+            return ERR_INVALID_REQUEST, "the prompt is empty: send at least one token"
         vocab = self.model.config.vocab_size
         bad = next((t for t in req.prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
-            return f"prompt token id {bad} is outside the vocabulary [0, {vocab})"
+            return ERR_INVALID_REQUEST, f"prompt token id {bad} is outside the vocabulary [0, {vocab})"
         if n >= ctx:
-            return (f"the prompt has {n} tokens but the model context is {ctx} tokens "
+            return ERR_PROMPT_TOO_LONG, (f"the prompt has {n} tokens but the model context is {ctx} tokens "
                     "(room for at least one output token is needed): shorten the prompt")
         if n + max_tokens > ctx:
-            return (f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} exceeds "
+            return ERR_PROMPT_TOO_LONG, (f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} exceeds "
                     f"the model context of {ctx} tokens: lower max_tokens to at most {ctx - n}")
         need = self.kv.blocks_for(n + max_tokens - 1)
         if need > self.num_kv_blocks:
-            return (f"prompt + max_tokens needs {need} KV blocks but the whole cache has "
+            return ERR_PROMPT_TOO_LONG, (f"prompt + max_tokens needs {need} KV blocks but the whole cache has "
                     f"{self.num_kv_blocks}: lower max_tokens or raise EngineConfig.kv_cache_bytes")
         return None
 
@@ -152,7 +155,7 @@ class Engine:
             outputs.append(self._finish(req, "error", (
                 f"preempted {req.num_preemptions} times for lack of KV blocks "
                 f"(EngineConfig.max_preemptions={self.config.max_preemptions}): raise "
-                "kv_cache_bytes or lower max_num_seqs")))
+                "kv_cache_bytes or lower max_num_seqs"), ERR_ENGINE))
         if sched.is_empty:
             return outputs
         try:
@@ -160,7 +163,8 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - one bad pass must not kill the engine's caller
             log.exception("forward pass failed")
             for req in sched.requests:
-                outputs.append(self._finish(req, "error", f"forward pass failed: {exc!r}"))
+                outputs.append(self._finish(req, "error", f"forward pass failed: {exc!r}",
+                                            ERR_ENGINE))
             return outputs
         now = time.time()
         for req, n in zip(sched.requests, sched.num_tokens):
@@ -198,12 +202,14 @@ class Engine:
                              arrival_time=req.arrival_time, first_token_time=req.first_token_time,
                              num_preemptions=req.num_preemptions)
 
-    def _finish(self, req: Request, reason: str, error: str | None) -> RequestOutput:
+    def _finish(self, req: Request, reason: str, error: str | None,
+                error_code: str | None = None) -> RequestOutput:
         self.scheduler.remove(req)
         self.requests.pop(req.request_id, None)
-        return self._finish_output(req, reason, error)
+        return self._finish_output(req, reason, error, error_code)
 
-    def _finish_output(self, req: Request, reason: str, error: str | None) -> RequestOutput:
+    def _finish_output(self, req: Request, reason: str, error: str | None,
+                       error_code: str | None = None) -> RequestOutput:
         req.status = RequestStatus.FINISHED
         req.finish_reason, req.error = reason, error
         req.finish_time = time.time()
@@ -212,7 +218,7 @@ class Engine:
         return RequestOutput(req.request_id, [], delta, list(req.output_token_ids), text, True,
                              reason, error, req.num_prompt_tokens, max(req.num_cached_tokens, 0),
                              list(req.prompt_token_ids), req.arrival_time, req.first_token_time,
-                             req.finish_time, req.num_preemptions)
+                             req.finish_time, req.num_preemptions, error_code)
 
     # -- offline use ------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],

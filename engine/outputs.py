@@ -11,7 +11,9 @@ class RequestOutput:
 
     `new_token_ids`/`text_delta` are what this step added; `token_ids`/`text` are the whole
     output so far. On the final output `finished` is True and `finish_reason` is one of
-    stop | length | abort | error (`error` carries the message). Times are `time.time()`.
+    stop | length | abort | error (`error` carries the message and `error_code` says whose
+    fault it was: ERR_INVALID_REQUEST / ERR_PROMPT_TOO_LONG for the request itself,
+    ERR_ENGINE for the engine's own trouble). Times are `time.time()`.
     """
 
     request_id: str
@@ -29,6 +31,7 @@ class RequestOutput:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
+    error_code: str | None = None
 
     @property
     def ttft(self) -> float | None:

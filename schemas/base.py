@@ -43,9 +43,10 @@ FiniteJson = AfterValidator(_finite_json)
 class FieldError(ValueError):
     """A model-level validation failure that still knows which field is to blame."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, code: str = "invalid_request"):
         super().__init__(message)
         self.field = field
+        self.code = code
 
 
 class WireModel(BaseModel):

@@ -62,7 +62,7 @@ def load_object(raw: Any, *, max_bytes: int | None, what: str) -> tuple[bytes, d
             pass
         raise SchemaError(f"{what} is {len(data)} bytes, over the limit of {max_bytes} "
                           "(setting INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten the prompt",
-                          raw=data, field="message", request_id=rid)
+                          raw=data, field="message", request_id=rid, code="message_too_large")
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
@@ -105,7 +105,9 @@ def schema_error(err: ValidationError, *, raw: bytes | None, request_id: str | N
     kind = first.get("type", "")
     msg = first.get("msg", "invalid")
     cause = (first.get("ctx") or {}).get("error")
+    code = "invalid_request"
     if isinstance(cause, FieldError):
+        code = cause.code
         field = prefix + cause.field
         msg = str(cause)
         kind = "field_error"
@@ -129,7 +131,7 @@ def schema_error(err: ValidationError, *, raw: bytes | None, request_id: str | N
             text += f" (got {_short(first['input'])})"
     if len(errors) > 1:
         text += f" [+{len(errors) - 1} more error(s)]"
-    return SchemaError(text, raw=raw, field=field, request_id=request_id)
+    return SchemaError(text, raw=raw, field=field, request_id=request_id, code=code)
 
 
 def decode_request(raw: Any, *, max_bytes: int | None = DEFAULT_MAX_BYTES,

@@ -15,13 +15,15 @@ class SchemaError(InflightError, ValueError):
     """A wire message could not be decoded or validated.
 
     `raw` keeps the original bytes so nothing is lost (they go to the DLQ);
-    `field` names the offending field when one is known.
+    `field` names the offending field when one is known; `code` is the ErrorEvent code
+    ("invalid_request", "message_too_large", "prompt_too_long").
     """
 
     def __init__(self, message: str, *, raw: bytes | None = None, field: str | None = None,
-                 request_id: str | None = None):
+                 request_id: str | None = None, code: str = "invalid_request"):
         super().__init__(message)
         self.message = message
+        self.code = code
         self.raw = raw
         self.field = field
         self.request_id = request_id

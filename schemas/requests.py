@@ -71,7 +71,8 @@ class InferenceRequest(WireModel):
         limit = (info.context or {}).get("max_prompt_chars") if info.context else None
         if limit is not None and self.prompt_chars > limit:
             raise FieldError(given[0], f"is {self.prompt_chars} characters, over the limit "
-                             f"of {limit} (setting INFLIGHT_MAX_PROMPT_CHARS); shorten it")
+                             f"of {limit} (setting INFLIGHT_MAX_PROMPT_CHARS); shorten it",
+                             code="prompt_too_long")
         return self
 
     @property

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from schemas import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
+
 from engine import DuplicateRequestError, Engine, EngineConfig, RequestOutput, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -36,11 +38,17 @@ def test_bad_requests_fail_alone(eng, prompts):
     small.add_request("kv", prompt_token_ids=[5] * 10, params=GREEDY)
     finals = drain(eng)
     assert finals["good"].finish_reason == "length" and len(finals["good"].token_ids) == 8
-    for rid, words in [("empty", "empty"), ("empty-text", "empty"), ("too-long", "context"),
-                       ("max-tokens", "max_tokens"), ("vocab", "vocabulary")]:
+    for rid, words, code in [("empty", "empty", ERR_INVALID_REQUEST),
+                             ("empty-text", "empty", ERR_INVALID_REQUEST),
+                             ("too-long", "context", ERR_PROMPT_TOO_LONG),
+                             ("max-tokens", "max_tokens", ERR_PROMPT_TOO_LONG),
+                             ("vocab", "vocabulary", ERR_INVALID_REQUEST)]:
         assert finals[rid].finish_reason == "error" and words in finals[rid].error, rid
+        assert finals[rid].error_code == code, rid
+    assert finals["good"].error_code is None
     out = drain(small)["kv"]
     assert out.finish_reason == "error" and "kv_cache_bytes" in out.error
+    assert out.error_code == ERR_PROMPT_TOO_LONG
 
 
 def test_abort_waiting_and_running(eng, prompts):
@@ -122,5 +130,6 @@ def test_failed_forward_pass_fails_its_requests_not_the_engine(eng, prompts, mon
         outs = eng.step()
     assert {o.request_id: o.finish_reason for o in outs} == {"a": "error", "b": "error"}
     assert "simulated device failure" in outs[0].error
+    assert {o.error_code for o in outs} == {ERR_ENGINE}
     assert not eng.has_unfinished() and eng.stats()["kv_blocks_used"] == 0
     assert eng.generate([prompts[2]], GREEDY)[0].finish_reason == "length"  # still serves

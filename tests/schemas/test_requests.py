@@ -133,3 +133,17 @@ def test_models_are_frozen_and_strict_in_python_too():
     assert SamplingParams(top_k=-1).top_k_enabled is False
     assert SamplingParams(top_k=5).top_k_enabled is True
     assert SamplingParams(temperature=0).greedy
+
+
+def test_schema_errors_carry_the_error_event_code():
+    from schemas import ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG
+
+    def code(raw: bytes, **kw) -> str:
+        with pytest.raises(SchemaError) as e:
+            decode_request(raw, **kw)
+        return e.value.code
+
+    assert code(b"not json") == ERR_INVALID_REQUEST
+    assert code(b'{"request_id": "a", "prompt": "x", "bogus": 1}') == ERR_INVALID_REQUEST
+    assert code(b'{"request_id": "a", "prompt": "' + b"x" * 300 + b'"}', max_bytes=100) == ERR_MESSAGE_TOO_LARGE
+    assert code(b'{"request_id": "a", "prompt": "' + b"x" * 300 + b'"}', max_prompt_chars=100) == ERR_PROMPT_TOO_LONG
