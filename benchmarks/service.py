@@ -5,7 +5,7 @@
 On a small shared CPU box use `--threads 1`: with 2 OpenMP threads on 2 busy cores the
 engine's own step time swung 6x between identical runs, which swamps the comparison.
 
-Workload: the engine benchmark's (benchmarks/throughput.py `workload`): 64 requests,
+Workload: the engine benchmark's (benchmarks/throughput.py `workload`, imported): 64 requests,
 prompt lengths uniform 16-256 tokens, output lengths lognormal (median 48, clipped
 8-256), greedy, ignore_eos, SmolLM2-135M fp32 on CPU.
 
@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pathlib
-import random
 import sys
 import tempfile
 import threading
@@ -40,26 +38,8 @@ for p in (str(ROOT), str(ROOT / "benchmarks")):
         sys.path.insert(0, p)
 
 
-def workload(n: int, seed: int, vocab: int):
-    """The engine benchmark's workload (imported when present, else the same recipe)."""
-    try:
-        from throughput import workload as engine_workload  # benchmarks/throughput.py
-
-        return engine_workload(n, seed, vocab)
-    except ImportError:
-        rng = random.Random(seed)
-        prompts = [[rng.randrange(100, vocab) for _ in range(rng.randint(16, 256))] for _ in range(n)]
-        outputs = [min(256, max(8, round(48 * math.exp(rng.gauss(0.0, 0.8))))) for _ in range(n)]
-        return prompts, outputs
-
-
-def pct(values, q: float) -> float:
-    vals = sorted(values)
-    if not vals:
-        return float("nan")
-    k = (len(vals) - 1) * q / 100.0
-    f, c = math.floor(k), math.ceil(k)
-    return vals[f] + (vals[c] - vals[f]) * (k - f)
+from common import percentile as pct  # noqa: E402  (benchmarks/common.py)
+from throughput import workload  # noqa: E402  (the engine benchmark's workload)
 
 
 def engine_config(args, path):

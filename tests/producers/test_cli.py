@@ -10,7 +10,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kafka import TopicPartition
+
+from tests.kafka_read import read_topic
 
 pytestmark = [pytest.mark.broker]
 
@@ -31,21 +32,6 @@ def _run(capsys, *argv) -> tuple[int, str]:
     return rc, capsys.readouterr().out
 
 
-def _read(settings, topic, n, timeout=10.0):
-    from consumers.kafka_io import partitions_of, plain_consumer
-
-    c = plain_consumer(settings)
-    try:
-        tps = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
-        c.assign(tps)
-        c.seek_to_beginning(*tps)
-        out, deadline = [], time.monotonic() + timeout
-        while len(out) < n and time.monotonic() < deadline:
-            for recs in c.poll(timeout_ms=200).values():
-                out.extend(recs)
-        return out
-    finally:
-        c.close()
 
 
 def test_result_and_stream_of_an_unknown_id_say_not_found(cli_env, capsys):
@@ -62,7 +48,7 @@ def test_submit_prompt_and_openai_batch_file(cli_env, capsys, tmp_path):
     rc, out = _run(capsys, "submit", "hello", "there", "--max-tokens", "5", "--temperature", "0",
                    "--id", "cli-1", "--json")
     assert rc == 0 and orjson.loads(out) == {"request_id": "cli-1", "status": "submitted"}
-    rec = _read(s, s.topic_requests, 1)[0]
+    rec = read_topic(s, s.topic_requests, 1)[0]
     body = orjson.loads(rec.value)
     assert body["prompt"] == "hello there" and body["params"]["max_tokens"] == 5
 
@@ -77,7 +63,7 @@ def test_submit_prompt_and_openai_batch_file(cli_env, capsys, tmp_path):
     rc, out = _run(capsys, "submit", "--file", str(f), "--batch-id", "job1", "--json")
     res = orjson.loads(out)
     assert rc == 1 and res["submitted"] == 2 and res["bad_lines"] == 1  # the bad line is reported
-    recs = _read(s, s.topic_requests_batch, 2)
+    recs = read_topic(s, s.topic_requests_batch, 2)
     bodies = {orjson.loads(r.value)["request_id"]: orjson.loads(r.value) for r in recs}
     assert [(m["role"], m["content"]) for m in bodies["oa-1"]["messages"]] == [("user", "hi")]
     assert bodies["oa-1"]["params"]["max_tokens"] == 7

@@ -6,7 +6,8 @@ import time
 
 import orjson
 import pytest
-from kafka import TopicPartition
+
+from tests.kafka_read import read_topic
 
 from schemas import PRIORITY_BATCH, SamplingParams, SchemaError
 
@@ -22,21 +23,6 @@ def client(kafka_settings):
     c.close()
 
 
-def _read(settings, topic, n, timeout=10.0):
-    from consumers.kafka_io import partitions_of, plain_consumer
-
-    c = plain_consumer(settings)
-    try:
-        tps = [TopicPartition(topic, p) for p in partitions_of(c, topic)]
-        c.assign(tps)
-        c.seek_to_beginning(*tps)
-        out, deadline = [], time.monotonic() + timeout
-        while len(out) < n and time.monotonic() < deadline:
-            for recs in c.poll(timeout_ms=200).values():
-                out.extend(recs)
-        return out
-    finally:
-        c.close()
 
 
 def test_unknown_id_is_not_found_never_a_trace(client):
@@ -56,7 +42,7 @@ def test_key_partition_matches_the_producers_partitioner(client, kafka_settings)
 
     ids = [client.submit("hi", request_id=f"key-{i}", flush=False) for i in range(20)]
     client.flush()
-    recs = _read(kafka_settings, kafka_settings.topic_requests, 20)
+    recs = read_topic(kafka_settings, kafka_settings.topic_requests, 20)
     assert len(recs) == 20
     for r in recs:
         assert r.partition == partition_for(r.key.decode(), 2)
@@ -68,8 +54,8 @@ def test_priority_routes_to_the_batch_topic_and_ids_are_kept(client, kafka_setti
     ids = client.submit_many(["a", "b", {"prompt": "c", "request_id": "given-c"}],
                              priority=PRIORITY_BATCH, batch_id="b1", progress=False)
     assert rid == "mine-1" and ids[2] == "given-c" and len(set(ids)) == 3
-    inter = _read(kafka_settings, kafka_settings.topic_requests, 1)
-    batch = _read(kafka_settings, kafka_settings.topic_requests_batch, 3)
+    inter = read_topic(kafka_settings, kafka_settings.topic_requests, 1)
+    batch = read_topic(kafka_settings, kafka_settings.topic_requests_batch, 3)
     assert [orjson.loads(r.value)["request_id"] for r in inter] == ["mine-1"]
     bodies = [orjson.loads(r.value) for r in batch]
     assert {b["request_id"] for b in bodies} == set(ids)
