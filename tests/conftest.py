@@ -85,26 +85,9 @@ def broker(tmp_path_factory):
 
 @pytest.fixture
 def kafka_settings(broker, tmp_path):
-    from inflight.topics import create_topics
-    from schemas.settings import Settings
+    from tests.kafka_settings import make_settings
 
-    tag = uuid.uuid4().hex[:8]
-    s = Settings(
-        kafka_bootstrap=broker.bootstrap,
-        kafka_session_timeout_ms=2000,  # Tansu: a group join takes about half of this
-        kafka_heartbeat_interval_ms=500,
-        topic_requests=f"t{tag}.requests",
-        topic_requests_batch=f"t{tag}.requests.batch",
-        topic_results=f"t{tag}.results",
-        topic_dlq=f"t{tag}.requests.dlq",
-        topic_cancel=f"t{tag}.cancel",
-        worker_group=f"t{tag}-workers",
-        recorder_group=f"t{tag}-recorder",
-        database_url=f"sqlite:///{tmp_path / 'inflight.db'}",
-        cache_dir=tmp_path / "cache",
-        data_dir=tmp_path / "data",
-    )
-    create_topics(s, partitions=2)
-    return s
+    return make_settings(broker, f"sqlite:///{tmp_path / 'inflight.db'}",
+                         cache_dir=tmp_path / "cache", data_dir=tmp_path / "data")
 
 # ==== end embedded broker ===============================================================

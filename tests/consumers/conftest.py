@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from schemas import Settings
+from tests.kafka_settings import make_settings as make_kafka_settings
 
 
 @pytest.fixture(scope="session")
@@ -22,27 +22,9 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -> Settings:
-    """Settings with topics and groups of their own, topics created."""
-    from inflight.topics import create_topics
-
-    tag = uuid.uuid4().hex[:8]
-    s = Settings(
-        kafka_bootstrap=broker.bootstrap,
-        kafka_session_timeout_ms=2000,
-        kafka_heartbeat_interval_ms=500,
-        topic_requests=f"s{tag}.requests",
-        topic_requests_batch=f"s{tag}.requests.batch",
-        topic_results=f"s{tag}.results",
-        topic_dlq=f"s{tag}.requests.dlq",
-        topic_cancel=f"s{tag}.cancel",
-        worker_group=f"s{tag}-workers",
-        recorder_group=f"s{tag}-recorder",
-        database_url=database_url,
-        metrics_interval_s=0.0,
-        **overrides,
-    )
-    create_topics(s, partitions=partitions)
-    return s
+    """tests.kafka_settings.make_settings with the metrics summary line every loop."""
+    return make_kafka_settings(broker, database_url, partitions,
+                               **{"metrics_interval_s": 0.0, **overrides})
 
 
 def tiny_engine(model: Path, **kw):

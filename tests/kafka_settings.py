@@ -1,0 +1,31 @@
+"""Settings for tests that share one broker: topics and groups of their own, created."""
+
+from __future__ import annotations
+
+import uuid
+
+from schemas import Settings
+
+
+def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -> Settings:
+    """Settings pointed at `broker` with unique topic and group names (tests sharing the
+    broker never see each other's messages); the topics are created up front."""
+    from inflight.topics import create_topics
+
+    tag = uuid.uuid4().hex[:8]
+    s = Settings(
+        kafka_bootstrap=broker.bootstrap,
+        kafka_session_timeout_ms=2000,  # Tansu: a group join takes about half of this
+        kafka_heartbeat_interval_ms=500,
+        topic_requests=f"t{tag}.requests",
+        topic_requests_batch=f"t{tag}.requests.batch",
+        topic_results=f"t{tag}.results",
+        topic_dlq=f"t{tag}.requests.dlq",
+        topic_cancel=f"t{tag}.cancel",
+        worker_group=f"t{tag}-workers",
+        recorder_group=f"t{tag}-recorder",
+        database_url=database_url,
+        **overrides,
+    )
+    create_topics(s, partitions=partitions)
+    return s
