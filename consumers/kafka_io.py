@@ -14,6 +14,16 @@ from schemas.errors import BrokerError
 from schemas.settings import Settings
 
 
+def connect(client_cls: type, settings: Settings, **opts: Any) -> Any:
+    """A kafka-python client (producer, consumer, admin) built from Settings; an unreachable
+    broker becomes BrokerError that says what to do."""
+    try:
+        return client_cls(**settings.kafka_common(), **opts)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot reach Kafka at {settings.kafka_bootstrap!r} ({exc}): start "
+                          "a broker (`inflight broker`) or set INFLIGHT_KAFKA_BOOTSTRAP") from exc
+
+
 def producer(settings: Settings, **overrides: Any) -> KafkaProducer:
     """acks=all; idempotence only when INFLIGHT_KAFKA_ENABLE_IDEMPOTENCE (Tansu loses
     producer ids across restarts, which wedges an idempotent producer)."""
@@ -21,11 +31,7 @@ def producer(settings: Settings, **overrides: Any) -> KafkaProducer:
                             "enable_idempotence": settings.kafka_enable_idempotence,
                             "max_request_size": settings.kafka_max_message_bytes + 64_000}
     opts.update(overrides)
-    try:
-        return KafkaProducer(**settings.kafka_common(), **opts)
-    except KafkaError as exc:
-        raise BrokerError(f"cannot reach Kafka at {settings.kafka_bootstrap!r} ({exc}): start "
-                          "a broker (`inflight broker`) or set INFLIGHT_KAFKA_BOOTSTRAP") from exc
+    return connect(KafkaProducer, settings, **opts)
 
 
 def group_consumer(settings: Settings, group: str, **overrides: Any) -> KafkaConsumer:
@@ -39,11 +45,7 @@ def group_consumer(settings: Settings, group: str, **overrides: Any) -> KafkaCon
         "max_partition_fetch_bytes": settings.kafka_max_message_bytes + 64_000,
     }
     opts.update(overrides)
-    try:
-        return KafkaConsumer(**settings.kafka_common(), **opts)
-    except KafkaError as exc:
-        raise BrokerError(f"cannot reach Kafka at {settings.kafka_bootstrap!r} ({exc}): start "
-                          "a broker (`inflight broker`) or set INFLIGHT_KAFKA_BOOTSTRAP") from exc
+    return connect(KafkaConsumer, settings, **opts)
 
 
 def plain_consumer(settings: Settings, **overrides: Any) -> KafkaConsumer:
@@ -51,10 +53,7 @@ def plain_consumer(settings: Settings, **overrides: Any) -> KafkaConsumer:
     opts: dict[str, Any] = {"group_id": None, "enable_auto_commit": False,
                             "auto_offset_reset": "earliest"}
     opts.update(overrides)
-    try:
-        return KafkaConsumer(**settings.kafka_common(), **opts)
-    except KafkaError as exc:
-        raise BrokerError(f"cannot reach Kafka at {settings.kafka_bootstrap!r} ({exc})") from exc
+    return connect(KafkaConsumer, settings, **opts)
 
 
 def partitions_of(consumer: KafkaConsumer, topic: str, timeout: float = 10.0) -> list[int]:

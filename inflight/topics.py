@@ -5,16 +5,13 @@ from __future__ import annotations
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from consumers.kafka_io import connect
 from schemas.errors import BrokerError
 from schemas.settings import Settings
 
 
 def admin_client(settings: Settings) -> KafkaAdminClient:
-    try:
-        return KafkaAdminClient(client_id="inflight-admin", **settings.kafka_common())
-    except KafkaError as exc:
-        raise BrokerError(f"no Kafka broker reachable at {settings.kafka_bootstrap!r} ({exc}): "
-                          "start one (`inflight broker`) or set INFLIGHT_KAFKA_BOOTSTRAP") from exc
+    return connect(KafkaAdminClient, settings, client_id="inflight-admin")
 
 
 def create_topics(settings: Settings, partitions: int = 4, replication: int = 1,
