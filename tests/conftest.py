@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -28,30 +28,21 @@ def _pg_unavailable(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    try:
-        from sqlalchemy import create_engine, text
-        from sqlalchemy.engine import make_url
-    except ImportError as e:  # pragma: no cover
-        _pg_unavailable(f"sqlalchemy missing: {e}")
+    from sqlalchemy.engine import make_url
+
+    from tests.pgdb import temporary_database
+
     base = os.environ.get("INFLIGHT_TEST_POSTGRES_URL", PG_DEFAULT_URL)
     if base.startswith(("postgres://", "postgresql://")):
         base = "postgresql+psycopg://" + base.split("://", 1)[1]
-    admin_url = make_url(base).set(database="postgres")
-    name = f"inflight_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as e:  # noqa: BLE001 — any failure to reach/create means "no Postgres"
-        admin.dispose()
-        _pg_unavailable(f"cannot create a test database via {admin_url.render_as_string()}: "
-                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(temporary_database(base, "inflight_test_"))
+        except Exception as e:  # noqa: BLE001 — any failure to reach/create means "no Postgres"
+            admin_url = make_url(base).set(database="postgres").render_as_string()
+            _pg_unavailable(f"cannot create a test database via {admin_url}: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

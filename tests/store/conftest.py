@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import text
 
 from store import Store
+from tests.pgdb import temporary_database
 
 
 @pytest.fixture
@@ -27,13 +26,5 @@ def empty_db_url(db_url: str) -> Iterator[str]:
     if not db_url.startswith("postgresql"):
         yield db_url
         return
-    name = f"inflight_empty_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(make_url(db_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(db_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with temporary_database(db_url, "inflight_empty_") as url:
+        yield url
