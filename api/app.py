@@ -20,7 +20,8 @@ from fastapi import FastAPI
 
 from api import errors
 from api.auth import KeyCache
-from api.context import ApiContext, StreamSlots
+from api.cache import FinalAnswers
+from api.context import ApiContext, StreamSlots, db_slots
 from api.limits import BodyLimitMiddleware
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.routes import chat, health, requests
@@ -36,7 +37,8 @@ API_VERSION = "1"
 
 
 def _open_store(settings: Settings) -> Store:
-    store = Store.embedded(settings.database_url)  # SQLite migrates itself
+    # no pre-ping: a poll is one round trip (store/owned.py retries a dead connection once)
+    store = Store.embedded(settings.database_url, pre_ping=False)  # SQLite migrates itself
     if store.dialect != "sqlite":
         have, want = current_revision(store.url), head_revision()
         if have != want:
@@ -64,7 +66,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await to_thread.run_sync(_open_store, settings)
         client = Client(settings, store=store)
-        keys = KeyCache(store, settings.api_key_cache_s) if settings.api_auth else None
+        slots = db_slots(store)
+        keys = KeyCache(store, settings.api_key_cache_s, slots) if settings.api_auth else None
         if keys is None:
             log.warning("api: AUTHENTICATION IS OFF (INFLIGHT_API_AUTH=off): anyone who can "
                         "reach this port can submit, read and cancel every request. Use "
@@ -72,7 +75,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await to_thread.run_sync(_warm_producer, client, settings)
         app.state.ctx = ApiContext(settings=settings, store=store, client=client, keys=keys,
                                    streams=StreamSlots(settings.api_max_streams, metrics),
-                                   metrics=metrics)
+                                   metrics=metrics,
+                                   finals=FinalAnswers(settings.api_final_cache_bytes),
+                                   db_slots=slots)
         try:
             yield
         finally:

@@ -60,9 +60,10 @@ def token_from_headers(authorization: str | None, x_api_key: str | None) -> str 
 
 
 class KeyCache:
-    def __init__(self, store: Store, ttl_s: float):
+    def __init__(self, store: Store, ttl_s: float, db_slots: anyio.CapacityLimiter):
         self.store = store
         self.ttl_s = ttl_s
+        self._db_slots = db_slots
         self._good: OrderedDict[bytes, tuple[Principal, float]] = OrderedDict()
         self._bad: OrderedDict[bytes, float] = OrderedDict()
         self._verify_slots = anyio.CapacityLimiter(2)
@@ -78,7 +79,8 @@ class KeyCache:
             principal, checked = hit
             if now - checked < self.ttl_s:
                 return principal
-            if await to_thread.run_sync(key_revoked, self.store, principal.key_id):
+            if await to_thread.run_sync(key_revoked, self.store, principal.key_id,
+                                        limiter=self._db_slots):
                 self._good.pop(digest, None)
                 raise unauthorized("this API key was revoked; create a new one")
             self._good[digest] = (principal, now)

@@ -5,14 +5,15 @@ reached through the dependencies in api/deps.py (no module-level state)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio import to_thread
 
 from api.auth import KeyCache
+from api.cache import FinalAnswers
 from api.errors import APIError
 from api.metrics import ApiMetrics
 from producers import Client
@@ -21,6 +22,7 @@ from schemas.errors import BrokerError
 from store import Store
 
 PUBLISH_TIMEOUT_S = 30.0
+T = TypeVar("T")
 _END = object()
 
 
@@ -65,6 +67,15 @@ class StreamSlots:
                     await to_thread.run_sync(close, limiter=self.threads)
 
 
+def db_slots(store: Store) -> anyio.CapacityLimiter:
+    """As many database threads as the store's pool keeps connections.
+
+    NOTE: more threads than pooled connections make SQLAlchemy open "overflow" connections
+    and close them again on return: a new Postgres backend per request under load."""
+    size = getattr(store.engine.pool, "size", None)
+    return anyio.CapacityLimiter(size() if callable(size) else 5)
+
+
 @dataclass
 class ApiContext:
     settings: Settings
@@ -73,6 +84,12 @@ class ApiContext:
     keys: KeyCache | None          # None = INFLIGHT_API_AUTH=off
     streams: StreamSlots
     metrics: ApiMetrics
+    finals: FinalAnswers
+    db_slots: anyio.CapacityLimiter
+
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking store call on one of the database threads."""
+        return await to_thread.run_sync(fn, *args, limiter=self.db_slots)
 
     async def publish(self, req: InferenceRequest) -> None:
         """Send one request and wait until Kafka acknowledged it (BrokerError otherwise)."""

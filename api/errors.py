@@ -9,7 +9,8 @@ Anthropic shape (routes under /v1/messages):
     {"type": "error", "error": {"type": "not_found_error", "message": "..."}}
 
 Everything that leaves a handler goes through `install(app)`: our `APIError`, the project's
-`InflightError` tree (SchemaError -> 400, BrokerError/StoreError -> 503), FastAPI's body
+`InflightError` tree (SchemaError -> 400, NotFoundError -> 404, StateError -> 409,
+BrokerError/StoreError -> 503), FastAPI's body
 validation (-> 400 naming the field), Starlette's 404/405, and any other exception (-> 500
 with an error id that is also in the server log with the traceback).
 """
@@ -22,10 +23,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from starlette.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from schemas.errors import BrokerError, InflightError, SchemaError, StoreError
+from api.responses import json_response
+from schemas.errors import (BrokerError, InflightError, NotFoundError, SchemaError, StateError,
+                           StoreError)
 
 log = logging.getLogger("inflight.api")
 
@@ -75,9 +78,9 @@ def error_body(path: str, status: int, message: str, param: str | None = None,
 
 
 def error_response(request: Request, status: int, message: str, *, param: str | None = None,
-                   code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(request.url.path, status, message, param, code),
-                        status_code=status, headers=headers)
+                   code: str | None = None, headers: dict[str, str] | None = None) -> Response:
+    return json_response(error_body(request.url.path, status, message, param, code), status,
+                         headers)
 
 
 def _loc(loc: tuple[Any, ...]) -> str | None:
@@ -109,17 +112,17 @@ def install(app: FastAPI) -> None:
     """Register the handlers that turn every failure into the client's error shape."""
 
     @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(request: Request, exc: APIError) -> Response:
         return error_response(request, exc.status, exc.message, param=exc.param, code=exc.code,
                               headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
         text, param = validation_message(exc)
         return error_response(request, 400, text, param=param, code="invalid_request")
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
             text = f"unknown URL {request.method} {request.url.path}"
         elif exc.status_code == 405:
@@ -131,10 +134,14 @@ def install(app: FastAPI) -> None:
                               headers=getattr(exc, "headers", None))
 
     @app.exception_handler(InflightError)
-    async def _inflight(request: Request, exc: InflightError) -> JSONResponse:
+    async def _inflight(request: Request, exc: InflightError) -> Response:
         if isinstance(exc, SchemaError):
             return error_response(request, 400, exc.message, param=exc.field,
                                   code=exc.code)
+        if isinstance(exc, NotFoundError):
+            return error_response(request, 404, str(exc), code="not_found")
+        if isinstance(exc, StateError):
+            return error_response(request, 409, str(exc), code="invalid_state")
         if isinstance(exc, (BrokerError, StoreError)):
             log.warning("api: %s %s: %s", request.method, request.url.path, exc)
             what = "the message broker" if isinstance(exc, BrokerError) else "the database"
@@ -143,11 +150,11 @@ def install(app: FastAPI) -> None:
         return _internal(request, exc)
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         return _internal(request, exc)
 
 
-def _internal(request: Request, exc: BaseException) -> JSONResponse:
+def _internal(request: Request, exc: BaseException) -> Response:
     # NOTE: the client sees only an id; the traceback stays in the server log under it.
     ref = uuid.uuid4().hex[:12]
     log.error("api: internal error %s on %s %s", ref, request.method, request.url.path,

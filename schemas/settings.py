@@ -79,6 +79,7 @@ class Settings(BaseSettings):
     api_key_cache_s: float = 2.0               # a verified key is re-checked for revocation this often
     api_wait_timeout_s: float = 600.0          # chat completions: wait this long for the final event
     api_max_streams: int = 64                  # open SSE streams / waiting chat completions per process
+    api_final_cache_bytes: int = 64_000_000    # answers of finished requests kept per process (0 = off)
 
     def kafka_common(self) -> dict[str, Any]:
         """kafka-python keyword arguments shared by producers, consumers and admin clients."""

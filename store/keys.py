@@ -12,11 +12,10 @@ from datetime import datetime
 from sqlalchemy import String, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
-from store.models import Base, utcnow
+from store.models import OWNER_LEN, Base, utcnow
 from store.queries import Store
 
 KEY_ID_LEN = 32
-OWNER_LEN = 128
 
 
 class ApiKeyRow(Base):

@@ -108,3 +108,12 @@ def request_object(row: Any) -> dict[str, Any]:
             "priority": row.priority, "text": row.output, "token_ids": row.output_token_ids,
             "finish_reason": row.finish_reason, "usage": usage, "timings": row.timings,
             "error": error, "worker": row.worker, "attempts": row.attempts or 0}
+
+
+def queued_object(req: InferenceRequest) -> dict[str, Any]:
+    """The request object of a request just filed (what POST answers, without re-reading)."""
+    return {"id": req.request_id, "object": "request", "status": "queued",
+            "created_at": req.submitted_at, "started_at": None, "finished_at": None,
+            "batch_id": req.batch_id, "priority": req.priority, "text": None,
+            "token_ids": None, "finish_reason": None, "usage": None, "timings": None,
+            "error": None, "worker": None, "attempts": 0}

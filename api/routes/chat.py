@@ -21,13 +21,14 @@ import anyio
 import orjson
 from anyio import to_thread
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from api.context import ApiContext
 from api.deps import Caller, Ctx
 from api.errors import APIError
 from api.models.chat import (ChatCompletion, ChatCompletionRequest, chunk, completion,
                              finish_of, usage_of)
+from api.responses import json_response
 from api.sse import sse
 from producers import RequestNotFound
 from schemas import ErrorEvent, FinalEvent, TokenEvent
@@ -66,13 +67,13 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars, ctx.settings.kafka_max_message_bytes)
     model = body.model or DEFAULT_MODEL
-    existing = await to_thread.run_sync(claim_request, ctx.store, queued_row(req), caller.owner)
+    existing = await ctx.db(claim_request, ctx.store, queued_row(req), caller.owner)
     if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
         raise APIError(500, "request id collision; retry")
     try:
         await ctx.publish(req)
     except BaseException:
-        await to_thread.run_sync(release_request, ctx.store, rid, caller.owner)
+        await ctx.db(release_request, ctx.store, rid, caller.owner)
         raise
     ctx.metrics.inc("chat_completions")
     ctx.streams.acquire()
@@ -88,7 +89,7 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
                 final = await _next(ctx, events)
             if isinstance(final, ErrorEvent):
                 raise error_status(final)
-            return JSONResponse(completion(rid, model, final))
+            return json_response(completion(rid, model, final))
     except BaseException:
         ctx.streams.release()
         with anyio.CancelScope(shield=True):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from anyio import to_thread
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
@@ -33,7 +32,7 @@ def _store_ok(ctx: Ctx) -> bool:
 
 @router.get("/healthz", response_model=Health, summary="Liveness and store reachability")
 async def healthz(ctx: Ctx) -> Health:
-    ok = await to_thread.run_sync(_store_ok, ctx)
+    ok = await ctx.db(_store_ok, ctx)
     return Health(status="ok" if ok else "degraded", store="ok" if ok else "unreachable",
                   auth=ctx.keys is not None)
 

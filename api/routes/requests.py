@@ -19,11 +19,12 @@ from typing import Annotated, Any
 import orjson
 from anyio import to_thread
 from fastapi import APIRouter, Path
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from api.deps import Caller, Ctx, owns
 from api.errors import APIError, not_found
-from api.models.requests import RequestId, RequestObject, SubmitRequest, request_object
+from api.models.requests import RequestObject, SubmitRequest, queued_object, request_object
+from api.responses import json_response
 from api.sse import sse, stored_final_event
 from producers import RequestNotFound
 from schemas.errors import InflightError
@@ -35,16 +36,12 @@ PathId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
                              description="the request_id")]
 
 
-def _json(body: dict[str, Any], status: int = 200) -> JSONResponse:
-    return JSONResponse(body, status_code=status)
-
-
 @router.post("", status_code=202, response_model=RequestObject,
              summary="Submit one inference request")
-async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> JSONResponse:
+async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
     rid = body.request_id or uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars)
-    existing = await to_thread.run_sync(claim_request, ctx.store, queued_row(req), caller.owner)
+    existing = await ctx.db(claim_request, ctx.store, queued_row(req), caller.owner)
     if existing is not None:
         if caller.owner != existing.owner:  # another key's id (or a Kafka-only one)
             raise APIError(409, f"request_id {rid!r} is already in use; choose another",
@@ -52,39 +49,47 @@ async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> JSONResponse:
         ctx.metrics.inc("duplicates")
         if existing.status == "queued":  # a repeat after a lost publish: send it again
             await ctx.publish(req)
-        return _json(request_object(existing), 202)
+        return json_response(request_object(existing), 202)
     try:
         await ctx.publish(req)
     except BaseException:
-        await to_thread.run_sync(release_request, ctx.store, rid, caller.owner)
+        await ctx.db(release_request, ctx.store, rid, caller.owner)
         raise
     ctx.metrics.inc("submitted")
-    row = await to_thread.run_sync(request_view, ctx.store, rid)
-    return _json(request_object(row), 202)
+    return json_response(queued_object(req), 202)
 
 
 async def _owned_row(ctx: Ctx, caller: Caller, request_id: str) -> Any:
-    row = await to_thread.run_sync(request_view, ctx.store, request_id)
+    row = await ctx.db(request_view, ctx.store, request_id)
     if row is None or not owns(caller, row.owner):
         raise not_found("request", request_id)
     return row
 
 
 @router.get("/{request_id}", response_model=RequestObject, summary="Poll a request by id")
-async def get_request(request_id: PathId, ctx: Ctx, caller: Caller) -> JSONResponse:
-    return _json(request_object(await _owned_row(ctx, caller, request_id)))
+async def get_request(request_id: PathId, ctx: Ctx, caller: Caller) -> Response:
+    cached = ctx.finals.get(request_id)
+    if cached is not None:
+        if not owns(caller, cached[0]):
+            raise not_found("request", request_id)
+        return json_response(cached[1])
+    row = await _owned_row(ctx, caller, request_id)
+    body = orjson.dumps(request_object(row))
+    if row.status in FINAL_STATUSES:
+        ctx.finals.put(request_id, row.owner, body)
+    return json_response(body)
 
 
 @router.delete("/{request_id}", response_model=RequestObject, status_code=202,
                responses={200: {"model": RequestObject, "description": "already finished"}},
                summary="Cancel a request")
-async def cancel_request(request_id: PathId, ctx: Ctx, caller: Caller) -> JSONResponse:
+async def cancel_request(request_id: PathId, ctx: Ctx, caller: Caller) -> Response:
     row = await _owned_row(ctx, caller, request_id)
     if row.status in FINAL_STATUSES:
-        return _json(request_object(row), 200)
+        return json_response(request_object(row), 200)
     await to_thread.run_sync(ctx.client.cancel, request_id)
     ctx.metrics.inc("cancels")
-    return _json(request_object(row), 202)
+    return json_response(request_object(row), 202)
 
 
 @router.get("/{request_id}/events", summary="Stream a request's events (SSE)",
