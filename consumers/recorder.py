@@ -84,7 +84,7 @@ class Recorder:
                                        max_poll_records=s.recorder_batch_size)
         self.consumer.subscribe([s.topic_requests, s.topic_requests_batch, s.topic_results])
         if s.metrics_port is not None:
-            self.metrics.serve(s.metrics_port + 1)
+            self.metrics.serve(s.metrics_port + 1, s.metrics_host)
         log.info("recorder: group=%s database=%s", s.recorder_group, self.store.url.split("@")[-1])
         return self
 

@@ -123,7 +123,7 @@ class Worker:
                                 listener=_Rebalance(self))
         self.cancels = CancelListener(s, since=self._started_at)
         if s.metrics_port is not None:
-            port = self.metrics.serve(s.metrics_port)
+            port = self.metrics.serve(s.metrics_port, s.metrics_host)
             log.info("worker metrics on http://127.0.0.1:%d/metrics", port)
         log.info("worker %s: group=%s topics=%s,%s max_inflight=%d", self.name, s.worker_group,
                  s.topic_requests, s.topic_requests_batch, self.max_inflight)
