@@ -83,6 +83,7 @@ class Settings(BaseSettings):
     kafka_enable_idempotence: bool = False
     worker_drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work for this long, then hand back
     metrics_interval_s: float = 10.0  # one-line summary period (0 = never)
+    metrics_lag_interval_s: float = 5.0  # consumer-lag probe period (only with a metrics port)
     recorder_batch_size: int = 500
     # token deltas: one event per request carries every token since its last one, flushed
     # every stream_interval_ms or as soon as it holds stream_max_tokens tokens
