@@ -99,8 +99,12 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         text = f"missing required parameter {param!r}" if param else "missing request body"
     elif first.get("type") == "extra_forbidden":
         text = f"unknown parameter {param!r}: remove it"
-    elif first.get("type") in ("json_invalid", "model_attributes_type", "dict_type") and not param:
-        text = f"the request body must be a JSON object ({msg})"
+    elif first.get("type") == "json_invalid":
+        text = f"the request body is not valid JSON ({(first.get('ctx') or {}).get('error', msg)})"
+        param = None
+    elif first.get("type") in ("model_attributes_type", "dict_type") and not param:
+        text = ("the request body must be a JSON object (and the request must say "
+                "Content-Type: application/json)")
     else:
         text = f"{param}: {msg}" if param else msg
     if len(errors) > 1:

@@ -55,17 +55,18 @@ def claim_request(store: Store, row: dict[str, Any], owner: str | None) -> Row |
     stmt = _INSERT_IF_ABSENT[store.dialect]
     try:
         with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            inserted = conn.execute(stmt, values).rowcount == 1
+            inserted = conn.execute(stmt, values).first() is not None
     except DBAPIError as exc:
         raise StoreError(f"filing request {row['id']!r} failed: {exc.orig or exc}") from exc
     return None if inserted else request_view(store, row["id"])
 
 
-# INSERT ... ON CONFLICT (id) DO NOTHING per dialect, built once (values are bound at
-# execution, so SQLAlchemy compiles it once per set of columns).
+# INSERT ... ON CONFLICT (id) DO NOTHING RETURNING id, per dialect, built once (values are
+# bound at execution, so SQLAlchemy compiles it once per set of columns).
+# NOTE: RETURNING, not rowcount: psycopg reports rowcount -1 for it in autocommit mode.
 _INSERT_IF_ABSENT = {
     name: dialect.insert(RequestRow.__table__).on_conflict_do_nothing(
-        index_elements=[RequestRow.__table__.c.id])
+        index_elements=[RequestRow.__table__.c.id]).returning(RequestRow.__table__.c.id)
     for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))}
 
 

@@ -81,7 +81,8 @@ class ChatCompletionRequest(BaseModel):
             field = exc.field.removeprefix("body.") if exc.field else None
             raise SchemaError(exc.message.replace("body.", ""), field=field,
                               request_id=request_id, code=exc.code) from None
-        return req.model_copy(update={"priority": PRIORITY_INTERACTIVE})
+        return req.model_copy(update={"priority": PRIORITY_INTERACTIVE,
+                                      "stream": bool(self.stream)})
 
 
 # --- answers ----------------------------------------------------------------------------

@@ -37,11 +37,13 @@ class SubmitRequest(BaseModel):
     priority: int = Field(default=0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     metadata: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)], JsonValue],
                         Field(max_length=MAX_METADATA_KEYS)] | None = None
+    stream: bool | None = Field(default=None, description="publish token deltas (for GET "
+                                ".../events); default: on below priority 10, off above")
 
     def to_wire(self, request_id: str, max_prompt_chars: int) -> InferenceRequest:
         """The wire request (raises SchemaError naming the field, e.g. two inputs given)."""
         fields: dict[str, Any] = {"request_id": request_id, "priority": self.priority}
-        for name in ("prompt", "messages", "prompt_token_ids", "params", "metadata"):
+        for name in ("prompt", "messages", "prompt_token_ids", "params", "metadata", "stream"):
             value = getattr(self, name)
             if value is not None:
                 fields[name] = value

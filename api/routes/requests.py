@@ -7,7 +7,8 @@
 
 Submitting inserts the `queued` row (filed under the caller) before publishing, so a poll
 right after the 202 finds it; if the broker then fails, the row is removed and the client
-gets a 503 it may retry with the same request_id.
+gets a 503 it may retry with the same request_id. A repeat of an accepted request_id
+answers the first request's state and publishes nothing (the first body is what runs).
 """
 
 from __future__ import annotations
@@ -46,9 +47,7 @@ async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
         if caller.owner != existing.owner:  # another key's id (or a Kafka-only one)
             raise APIError(409, f"request_id {rid!r} is already in use; choose another",
                            param="request_id", code="request_id_conflict")
-        ctx.metrics.inc("duplicates")
-        if existing.status == "queued":  # a repeat after a lost publish: send it again
-            await ctx.publish(req)
+        ctx.metrics.inc("duplicates")  # the first one is what runs; nothing is sent again
         return json_response(request_object(existing), 202)
     try:
         await ctx.publish(req)
