@@ -26,7 +26,9 @@ def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: 
     from inflight.model import resolve_model
 
     path = resolve_model(model, settings)
-    kw: dict[str, Any] = {"model": str(path), "max_num_seqs": max_num_seqs or settings.worker_max_inflight}
+    kw: dict[str, Any] = {"model": str(path), "max_num_seqs": max_num_seqs or settings.worker_max_inflight,
+                          "cuda_graphs": None if settings.cuda_graphs else False,
+                          "kv_cache_memory_fraction": settings.kv_cache_memory_fraction}
     if kv_cache_mb:
         kw["kv_cache_bytes"] = kv_cache_mb << 20
     if device:

@@ -56,6 +56,8 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=_cache_dir)
     data_dir: Path = Field(default_factory=_data_dir)
     max_prompt_chars: int = 200_000
+    cuda_graphs: bool = True  # decode steps as CUDA graph replays on CUDA (INFLIGHT_CUDA_GRAPHS=0: off)
+    kv_cache_memory_fraction: float = 0.9  # of free GPU memory for the KV cache, when no size is given
 
     # --- batch jobs ----------------------------------------------------------------
     celery_broker: str | None = None  # e.g. redis://127.0.0.1:6379/0; None = SQL transport
