@@ -15,8 +15,8 @@ import orjson
 from kafka import TopicPartition
 from kafka.errors import KafkaError
 
-from consumers.kafka_io import partitions_of, plain_consumer
 from schemas.base import ID_RE
+from schemas.kafka_clients import partitions_of, plain_consumer
 from schemas.settings import Settings
 
 log = logging.getLogger("inflight.cancel")

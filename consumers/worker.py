@@ -35,13 +35,14 @@ from kafka.structs import OffsetAndMetadata
 
 from consumers.cancel import CancelListener
 from consumers.engine_bridge import build_engine, engine_params
-from consumers.kafka_io import LRUSet, group_consumer, producer
+from consumers.kafka_io import LRUSet, group_consumer
 from consumers.metrics import Metrics
 from consumers.offsets import OffsetTracker
 from schemas import (ERR_ENGINE, ERR_INVALID_REQUEST,
                      ErrorEvent, FinalEvent, InferenceRequest, SchemaError, Settings, Timings,
                      TokenEvent, Usage, decode_request, encode)
 from schemas.errors import InflightError
+from schemas.kafka_clients import producer
 
 log = logging.getLogger("inflight.worker")
 
