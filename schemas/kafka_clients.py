@@ -13,13 +13,16 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
 
+from schemas import kafka_records
 from schemas.errors import BrokerError
 from schemas.settings import Settings
 
 
 def connect(client_cls: type, settings: Settings, **opts: Any) -> Any:
     """A kafka-python client (producer, consumer, admin) built from Settings; an unreachable
-    broker becomes BrokerError that says what to do."""
+    broker becomes BrokerError that says what to do. Installs the tolerant record parse
+    first (schemas.kafka_records), so no fetched record can stop a consumer of ours."""
+    kafka_records.install()
     try:
         return client_cls(**settings.kafka_common(), **opts)
     except KafkaError as exc:
