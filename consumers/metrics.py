@@ -15,7 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 log = logging.getLogger("inflight.metrics")
 
 COUNTERS = ("received", "admitted", "completed", "failed", "cancelled", "dlq", "duplicates",
-            "tokens_out", "commits", "rows_written", "db_retries")
+            "tokens_out", "commits", "rows_written", "db_retries",
+            "rows_refused")  # recorder: rows the database refused (their stand-ins stored)
 GAUGES = ("in_flight", "paused_partitions", "commit_lag")
 
 

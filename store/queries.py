@@ -135,6 +135,10 @@ class Store:
                     "Check INFLIGHT_DATABASE_URL and that the server is up; the operation "
                     "was not applied and can be retried.") from e
             raise StoreError(f"database error on {redact(self.url)}: {e.orig or e}") from e
+        except (SQLAlchemyError, UnicodeError) as e:
+            # a value the driver cannot send (bind processing, an unencodable string): the
+            # data is refused, the database is fine (callers must not retry it as is)
+            raise StoreError(f"database {redact(self.url)} cannot take a value: {e}") from e
 
     # --- requests ---------------------------------------------------------------------
 
