@@ -26,8 +26,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from consumers.kafka_io import LRUSet, group_consumer
 from consumers.metrics import Metrics
-from schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, TokenEvent, decode_request,
-                     decode_result)
+from schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent, TokenEvent,
+                     decode_request, decode_result)
 from schemas.errors import StoreError
 from store import Store, error_row, final_row, queued_row, running_row, stand_in_rows
 
@@ -152,6 +152,8 @@ class Recorder:
         except SchemaError as exc:
             log.warning("skipping an undecodable result event: %s", exc.message)
             return None
+        if isinstance(event, StatusEvent):
+            return running_row(event.request_id, worker=event.worker, started_at=event.at)
         if isinstance(event, TokenEvent):
             if event.request_id in self.running_seen:
                 return None

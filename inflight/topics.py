@@ -24,6 +24,7 @@ def create_topics(settings: Settings, partitions: int = 4, replication: int = 1,
         settings.topic_requests: partitions,
         settings.topic_requests_batch: batch_partitions or partitions,
         settings.topic_results: partitions,
+        settings.topic_results_tokens: partitions,
         settings.topic_dlq: 1,
         settings.topic_cancel: 1,
     }

@@ -12,7 +12,7 @@ from schemas.errors import (BrokerError, CapacityError, ConfigError, InflightErr
 from schemas.events import (ERR_CANCELLED, ERR_ENGINE, ERR_EXPIRED, ERR_INTERNAL,
                             ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG,
                             FINISH_REASONS, ErrorEvent, FinalEvent, FinishReason, ResultEvent,
-                            Timings, TokenEvent, Usage)
+                            StatusEvent, Timings, TokenEvent, Usage)
 from schemas.params import SamplingParams
 from schemas.requests import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ChatMessage,
                               InferenceRequest)
@@ -22,7 +22,7 @@ __all__ = [
     "BrokerError", "CapacityError", "ConfigError", "InflightError", "ModelError", "Retry",
     "SchemaError", "Settings", "StoreError",
     "SamplingParams", "ChatMessage", "InferenceRequest", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
-    "TokenEvent", "FinalEvent", "ErrorEvent", "ResultEvent", "Usage", "Timings", "FinishReason",
+    "TokenEvent", "StatusEvent", "FinalEvent", "ErrorEvent", "ResultEvent", "Usage", "Timings", "FinishReason",
     "FINISH_REASONS", "ERR_CANCELLED", "ERR_ENGINE", "ERR_EXPIRED", "ERR_INTERNAL",
     "ERR_INVALID_REQUEST", "ERR_MESSAGE_TOO_LARGE", "ERR_PROMPT_TOO_LONG",
     "encode", "decode_request", "decode_result", "salvage_request_id", "parse_batch_line",

@@ -23,7 +23,7 @@ DEFAULT_MAX_BYTES = 1_000_000        # = Settings.kafka_max_message_bytes defaul
 DEFAULT_MAX_PROMPT_CHARS = 200_000   # = Settings.max_prompt_chars default
 
 _RESULT_ADAPTER: TypeAdapter[Any] = TypeAdapter(ResultEvent)
-_TAGS = ("token", "final", "error")
+_TAGS = ("token", "status", "final", "error")
 _JSON_BRANCHES = frozenset({"list", "dict", "str", "int", "float", "bool"})
 
 
@@ -156,7 +156,8 @@ def request_from_object(obj: dict[str, Any], *, raw: bytes | None,
 
 
 def decode_result(raw: Any, *, max_bytes: int | None = None) -> ResultEvent:
-    """Bytes from `inflight.results` → TokenEvent | FinalEvent | ErrorEvent (by `type`)."""
+    """Bytes from `inflight.results` / `inflight.results.tokens` → TokenEvent | StatusEvent |
+    FinalEvent | ErrorEvent (by `type`)."""
     data, obj = load_object(raw, max_bytes=max_bytes, what="result event")
     rid = salvage_request_id(obj)
     try:

@@ -1,7 +1,12 @@
-"""Events on `inflight.results` (key = request_id): token events, then exactly one final
-event — a FinalEvent, or an ErrorEvent when the request could not run.
+"""Result events, keyed by request_id on two topics:
 
-Every event carries a `type` discriminator ("token" | "final" | "error");
+    inflight.results.tokens   TokenEvent: coalesced deltas, only for requests that stream
+    inflight.results          StatusEvent (once per admission), then exactly one final
+                              event: a FinalEvent, or an ErrorEvent when it could not run
+
+Every event carries a `type` discriminator ("token" | "status" | "final" | "error") and the
+`attempt` that produced it (one admission of the request by one worker; a request redone
+after a crash or a rebalance gets a new attempt, and a stream restarts its text on it).
 `schemas.codec.decode_result` reads any of them.
 """
 
@@ -57,15 +62,37 @@ class Timings(WireModel):
         return self.first_token_at - start
 
 
+# An attempt id: opaque to readers (compared for equality only).
+AttemptId = Annotated[str, Field(min_length=1, max_length=128)]
+
+
 class TokenEvent(WireModel):
-    """New tokens of one request. `index` counts this request's token events from 0."""
+    """New tokens of one request since its previous token event (a coalesced delta).
+
+    `index` counts this attempt's token events from 0; `start` is the number of output
+    tokens before this delta (so `start + len(token_ids)` tokens exist after it).
+    """
 
     type: Literal["token"] = "token"
     schema_version: Literal[1] = SCHEMA_VERSION
     request_id: WireId
+    attempt: AttemptId | None = None
     index: int = Field(ge=0)
+    start: int = Field(default=0, ge=0)
     token_ids: list[TokenId]
     text: str = ""
+
+
+class StatusEvent(WireModel):
+    """A worker admitted the request (published once per attempt, on inflight.results)."""
+
+    type: Literal["status"] = "status"
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: WireId
+    attempt: AttemptId | None = None
+    status: Literal["running"] = "running"
+    worker: str | None = Field(default=None, max_length=256)
+    at: float | None = Field(default=None, ge=0.0)  # epoch seconds of the admission
 
 
 class FinalEvent(WireModel):
@@ -74,6 +101,7 @@ class FinalEvent(WireModel):
     type: Literal["final"] = "final"
     schema_version: Literal[1] = SCHEMA_VERSION
     request_id: WireId
+    attempt: AttemptId | None = None
     text: str
     token_ids: list[TokenId] = Field(default_factory=list)
     finish_reason: FinishReason
@@ -92,6 +120,7 @@ class ErrorEvent(WireModel):
     type: Literal["error"] = "error"
     schema_version: Literal[1] = SCHEMA_VERSION
     request_id: WireId | None
+    attempt: AttemptId | None = None
     code: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
     message: str
     field: str | None = None
@@ -100,4 +129,5 @@ class ErrorEvent(WireModel):
     batch_id: WireId | None = None
 
 
-ResultEvent = Annotated[Union[TokenEvent, FinalEvent, ErrorEvent], Field(discriminator="type")]
+ResultEvent = Annotated[Union[TokenEvent, StatusEvent, FinalEvent, ErrorEvent],
+                       Field(discriminator="type")]

@@ -37,6 +37,10 @@ class ChatMessage(WireModel):
 class InferenceRequest(WireModel):
     """Exactly one of `prompt`, `messages`, `prompt_token_ids` is set.
 
+    `stream`: publish coalesced token deltas on the tokens topic. None (the default) = on
+    for interactive priorities, off for batch ones (`wants_stream`); a request nobody
+    streams costs only its status and final events.
+
     `submitted_at` is epoch seconds set by the client (defaults to now when built in
     Python; a decoded message without it gets the decode time). Streaming readers seek the
     results partition to this time.
@@ -56,6 +60,7 @@ class InferenceRequest(WireModel):
     metadata: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)], JsonValue],
                         FiniteJson, Field(max_length=MAX_METADATA_KEYS)] = Field(default_factory=dict)
     submitted_at: float = Field(default_factory=time.time, ge=0.0)
+    stream: bool | None = None
 
     @model_validator(mode="after")
     def _exactly_one_input(self, info: ValidationInfo) -> "InferenceRequest":
@@ -74,6 +79,11 @@ class InferenceRequest(WireModel):
                              f"of {limit} (setting INFLIGHT_MAX_PROMPT_CHARS); shorten it",
                              code="prompt_too_long")
         return self
+
+    @property
+    def wants_stream(self) -> bool:
+        """Whether the worker publishes token deltas (see `stream`)."""
+        return self.stream if self.stream is not None else self.priority < PRIORITY_BATCH
 
     @property
     def prompt_chars(self) -> int:

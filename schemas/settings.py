@@ -42,7 +42,8 @@ class Settings(BaseSettings):
 
     topic_requests: str = "inflight.requests"
     topic_requests_batch: str = "inflight.requests.batch"
-    topic_results: str = "inflight.results"
+    topic_results: str = "inflight.results"  # status + final events (the recorder reads these)
+    topic_results_tokens: str = "inflight.results.tokens"  # coalesced token deltas (streams)
     topic_dlq: str = "inflight.requests.dlq"
     topic_cancel: str = "inflight.cancel"
     worker_group: str = "inflight-workers"
@@ -68,6 +69,10 @@ class Settings(BaseSettings):
     worker_drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work for this long, then hand back
     metrics_interval_s: float = 10.0  # one-line summary period (0 = never)
     recorder_batch_size: int = 500
+    # token deltas: one event per request carries every token since its last one, flushed
+    # every stream_interval_ms or as soon as it holds stream_max_tokens tokens
+    stream_interval_ms: int = Field(default=50, ge=0)
+    stream_max_tokens: int = Field(default=256, ge=1)
 
     def kafka_common(self) -> dict[str, Any]:
         """kafka-python keyword arguments shared by producers, consumers and admin clients."""
@@ -86,4 +91,4 @@ class Settings(BaseSettings):
 
     def topics(self) -> list[str]:
         return [self.topic_requests, self.topic_requests_batch, self.topic_results,
-                self.topic_dlq, self.topic_cancel]
+                self.topic_results_tokens, self.topic_dlq, self.topic_cancel]

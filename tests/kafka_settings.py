@@ -20,6 +20,7 @@ def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -
         topic_requests=f"t{tag}.requests",
         topic_requests_batch=f"t{tag}.requests.batch",
         topic_results=f"t{tag}.results",
+        topic_results_tokens=f"t{tag}.results.tokens",
         topic_dlq=f"t{tag}.requests.dlq",
         topic_cancel=f"t{tag}.cancel",
         worker_group=f"t{tag}-workers",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from schemas import (ErrorEvent, FinalEvent, SchemaError, Timings, TokenEvent, Usage,
+from schemas import (ErrorEvent, FinalEvent, SchemaError, StatusEvent, Timings, TokenEvent, Usage,
                      decode_result, encode)
 
 
@@ -52,3 +52,27 @@ def test_decode_result_rejects_non_objects():
     for data in (b"", b"null", b"1", b"\x00"):
         with pytest.raises(SchemaError):
             decode_result(data)
+
+
+def test_status_event_and_attempts_round_trip():
+    status = StatusEvent(request_id="r", attempt="w1.7", worker="host:1", at=12.5)
+    delta = TokenEvent(request_id="r", attempt="w1.7", index=2, start=5, token_ids=[9, 9],
+                       text="ab")
+    final = FinalEvent(request_id="r", attempt="w1.7", text="x", finish_reason="stop")
+    error = ErrorEvent(request_id="r", attempt="w1.7", code="message_too_large", message="m")
+    for event in (status, delta, final, error):
+        back = decode_result(encode(event))
+        assert back == event and type(back) is type(event) and back.attempt == "w1.7"
+    assert orjson.loads(encode(status)) == {
+        "type": "status", "schema_version": 1, "request_id": "r", "attempt": "w1.7",
+        "status": "running", "worker": "host:1", "at": 12.5}
+    # events of the older shape (no attempt, no start) still decode
+    old = decode_result(b'{"type":"token","request_id":"r","index":0,"token_ids":[1],"text":"a"}')
+    assert old.attempt is None and old.start == 0
+    with pytest.raises(SchemaError) as info:
+        decode_result(orjson.dumps({"type": "status", "request_id": "r", "status": "done"}))
+    assert info.value.field == "status"
+    with pytest.raises(SchemaError) as info:
+        decode_result(orjson.dumps({"type": "token", "request_id": "r", "index": 0, "start": -1,
+                                    "token_ids": []}))
+    assert info.value.field == "start"

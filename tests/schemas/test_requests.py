@@ -147,3 +147,13 @@ def test_schema_errors_carry_the_error_event_code():
     assert code(b'{"request_id": "a", "prompt": "x", "bogus": 1}') == ERR_INVALID_REQUEST
     assert code(b'{"request_id": "a", "prompt": "' + b"x" * 300 + b'"}', max_bytes=100) == ERR_MESSAGE_TOO_LARGE
     assert code(b'{"request_id": "a", "prompt": "' + b"x" * 300 + b'"}', max_prompt_chars=100) == ERR_PROMPT_TOO_LONG
+
+
+def test_stream_flag_defaults_by_priority():
+    assert decode_request(raw()).stream is None and decode_request(raw()).wants_stream
+    assert not decode_request(raw(priority=10)).wants_stream          # batch: off by default
+    assert decode_request(raw(priority=10, stream=True)).wants_stream
+    assert not decode_request(raw(stream=False)).wants_stream
+    with pytest.raises(SchemaError) as info:
+        decode_request(raw(stream="yes"))
+    assert info.value.field == "stream"
