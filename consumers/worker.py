@@ -122,7 +122,7 @@ class Worker:
         self.consumer = group_consumer(s, s.worker_group, max_poll_records=self.max_inflight)
         self.consumer.subscribe([s.topic_requests, s.topic_requests_batch],
                                 listener=_Rebalance(self))
-        self.cancels = CancelListener(s, since=self._started_at)
+        self.cancels = CancelListener(s)  # from now - INFLIGHT_CANCEL_LOOKBACK_S
         if s.metrics_port is not None:
             port = self.metrics.serve(s.metrics_port)
             log.info("worker metrics on http://127.0.0.1:%d/metrics", port)
