@@ -70,7 +70,8 @@ def stand_in_rows(row: dict[str, Any], reason: str) -> list[dict[str, Any]]:
     refused value."""
     status = row["status"]
     if status in (QUEUED, RUNNING):
-        return [{k: row.get(k) for k in ("id", "status", "batch_id", "priority", "created_at")},
+        identity = ("id", "status", "batch_id", "priority", "custom_id", "owner", "created_at")
+        return [{k: row.get(k) for k in identity},
                 {"id": row["id"], "status": status}]
     final_status = FAILED if status == COMPLETED else status
     what = "its output was produced but is not stored" if status == COMPLETED else "its result"
