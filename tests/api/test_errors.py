@@ -55,10 +55,11 @@ def test_unknown_routes_and_methods(bare):
 
 def test_anthropic_routes_answer_in_anthropic_shape(bare):
     with bare.http() as http:
-        resp = http.get("/v1/messages/batches/msgbatch_x")
-    assert resp.status_code == 401
+        resp = http.get("/v1/messages/nothing-here")
+    assert resp.status_code == 404
     body = resp.json()
-    assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
+    assert body == {"type": "error", "error": {"type": "not_found_error",
+                                               "message": "unknown URL GET /v1/messages/nothing-here"}}
 
 
 def test_body_caps(bare):

@@ -1,6 +1,6 @@
 """HTTP API throughput and latency: polls and submits over loopback against Postgres.
 
-    python benchmarks/api.py [--workers 2] [--connections 32] [--seconds 10]
+    python benchmarks/bench_api.py [--workers 2] [--connections 32] [--seconds 10]
 
 Setup: a throwaway Postgres database (INFLIGHT_TEST_POSTGRES_URL's server, default the
 local one) migrated and filled with --rows completed requests (64-token outputs) filed
@@ -31,9 +31,6 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from common import ROOT, percentile
-
-# NOTE: this script is named api.py; its folder must not shadow the `api` package.
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
 
 import orjson
 import psutil
