@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import InferenceRequest, SchemaError, parse_batch_line
 from schemas.batch import CHAT_URL
-from schemas.params import TokenId
+from schemas.params import (MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+                            MAX_TOKENS_LIMIT, SEED_MAX, TokenId)
 from schemas.requests import MAX_MESSAGES, PRIORITY_INTERACTIVE
 
 
@@ -38,6 +39,11 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+
+
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions. Sampling: max_tokens (or max_completion_tokens),
     temperature, top_p, seed, stop, and vLLM's top_k, stop_token_ids, ignore_eos. Only the
@@ -47,24 +53,27 @@ class ChatCompletionRequest(BaseModel):
 
     messages: Annotated[list[ChatMessageIn], Field(min_length=1, max_length=MAX_MESSAGES)]
     model: Annotated[str, Field(max_length=256)] | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[TokenId] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=1_000_000)] | None = None
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
+    stop: (Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+           | Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]],
+                       Field(max_length=MAX_STOP_STRINGS)] | None) = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool | None = None
-    n: int | None = None
+    # accepted only at their neutral values (anything else is a 400 naming the parameter)
+    n: Literal[1] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None
+    presence_penalty: Literal[0] | None = None
+    frequency_penalty: Literal[0] | None = None
+    logprobs: Literal[False] | None = None
+    top_logprobs: Literal[0] | None = None
+    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
+    response_format: ResponseFormat | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None

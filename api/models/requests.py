@@ -27,12 +27,15 @@ class SubmitRequest(BaseModel):
     request and runs nothing new. Priority: lower is more urgent (0 interactive; 10 and
     above go to the batch topic)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # NOTE: the inputs are typed without null and the schema says "exactly one of" (oneOf
+    # over which key is present), so the OpenAPI document describes what is accepted.
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"oneOf": [
+        {"required": ["prompt"]}, {"required": ["messages"]}, {"required": ["prompt_token_ids"]}]})
 
     request_id: RequestId | None = None
-    prompt: Annotated[str, Field(min_length=1)] | None = None
-    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
-    prompt_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    prompt: Annotated[str, Field(min_length=1)] = None  # type: ignore[assignment]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] = None  # type: ignore[assignment]
+    prompt_token_ids: Annotated[list[TokenId], Field(min_length=1)] = None  # type: ignore[assignment]
     params: SamplingParams | None = None
     priority: int = Field(default=0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     metadata: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)], JsonValue],

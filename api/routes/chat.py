@@ -28,6 +28,7 @@ from api.deps import Caller, Ctx
 from api.errors import APIError
 from api.models.chat import (ChatCompletion, ChatCompletionRequest, chunk, completion,
                              finish_of, usage_of)
+from api.models.errors import OPENAI_ERRORS, WAIT_ERRORS
 from api.responses import json_response
 from api.sse import sse
 from producers import RequestNotFound
@@ -37,7 +38,7 @@ from schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
 from store import queued_row
 from store.owned import claim_request, release_request
 
-router = APIRouter(tags=["chat"])
+router = APIRouter(tags=["chat"], responses=OPENAI_ERRORS)
 
 DEFAULT_MODEL = "inflight"
 _CLIENT_ERRORS = {ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG}
@@ -61,7 +62,8 @@ def _timeout(ctx: ApiContext, exc: Exception) -> APIError:
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion,
              responses={200: {"content": {"text/event-stream": {}},
-                              "description": "with stream=true: chat.completion.chunk events"}},
+                              "description": "with stream=true: chat.completion.chunk events"},
+                        **WAIT_ERRORS},
              summary="OpenAI-compatible chat completion (through the queue)")
 async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller) -> Any:
     rid = uuid.uuid4().hex

@@ -24,6 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from api.deps import Caller, Ctx, owns
 from api.errors import APIError, not_found
+from api.models.errors import OPENAI_ERRORS, SUBMIT_ERRORS
 from api.models.requests import RequestObject, SubmitRequest, queued_object, request_object
 from api.responses import json_response
 from api.sse import sse, stored_final_event
@@ -32,12 +33,12 @@ from schemas.errors import InflightError
 from store import FINAL_STATUSES, queued_row
 from store.owned import claim_request, release_request, request_view
 
-router = APIRouter(prefix="/v1/requests", tags=["requests"])
+router = APIRouter(prefix="/v1/requests", tags=["requests"], responses=OPENAI_ERRORS)
 PathId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
                              description="the request_id")]
 
 
-@router.post("", status_code=202, response_model=RequestObject,
+@router.post("", status_code=202, response_model=RequestObject, responses=SUBMIT_ERRORS,
              summary="Submit one inference request")
 async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
     rid = body.request_id or uuid.uuid4().hex
