@@ -16,6 +16,8 @@ log = logging.getLogger("inflight.metrics")
 
 COUNTERS = ("received", "admitted", "completed", "failed", "cancelled", "dlq", "duplicates",
             "tokens_out", "commits", "rows_written", "db_retries")
+# the worker's delivery path (issue 10)
+COUNTERS += ("token_events", "send_retries", "send_errors", "handed_back", "rebalances")
 GAUGES = ("in_flight", "paused_partitions", "commit_lag")
 
 
