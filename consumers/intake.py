@@ -153,11 +153,11 @@ class Intake:
         else:
             records = self.consumer.poll(timeout_ms=POLL_WAIT_MS, max_records=room)
         self._handle_rebalances()
-        if records:
-            if closed:  # from a partition assigned during this poll, before it was paused
+        if closed:
+            if records:  # from a partition assigned during this poll, before it was paused
                 self._put_back(records)
-            else:
-                self._receive_all(records)
+        else:
+            self._receive_all(records)
         if time.monotonic() - self._last_commit >= COMMIT_EVERY_S:
             self.commit()
         self.metrics.set("in_flight", self.running)

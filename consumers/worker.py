@@ -123,6 +123,8 @@ class Worker:
     def run_once(self) -> None:
         """One intake round (tests and benchmarks drive the worker by hand with this)."""
         self.start()
+        if self.failure is not None:
+            raise InflightError(f"worker {self.name} failed: {self.failure!r}") from self.failure
         self.intake.run_once()
 
     def shutdown(self) -> None:
