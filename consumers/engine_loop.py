@@ -1,7 +1,9 @@
 """The engine thread: it only steps the engine.
 
     inbox (Add / Abort, from the intake) ─► engine.add_request / abort
-    engine.step() ─► the publisher's queue (the step's RequestOutputs, as they are)
+    engine.step() ─► the publisher's queue (the step's RequestOutputs, as they are, and
+                     when the step returned)
+    Engine.stats() every STATS_EVERY_S ─► the engine metrics' gauges
 
 No Kafka and no JSON happen on this thread. The inbox is bounded by the intake's in-flight
 limit (it admits at most that many requests); the publisher's queue is bounded, so a
@@ -14,6 +16,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from consumers.handoff import ABORT, ADD, ADD_FAILED, OUTPUTS
@@ -22,6 +25,7 @@ from schemas.errors import InflightError
 log = logging.getLogger("inflight.worker")
 
 IDLE_WAIT_S = 0.05  # an idle engine waits this long on its inbox before looking again
+STATS_EVERY_S = 0.05  # Engine.stats() (the engine is not thread-safe: read here) -> metrics
 
 
 class EngineLike(Protocol):
@@ -34,8 +38,10 @@ class EngineLike(Protocol):
 
 
 class EngineLoop:
-    def __init__(self, engine: EngineLike, publish: "queue.Queue[tuple[str, Any]]"):
+    def __init__(self, engine: EngineLike, publish: "queue.Queue[tuple[str, Any]]",
+                 on_stats: Callable[[dict], None] | None = None):
         self.engine = engine
+        self.on_stats = on_stats if hasattr(engine, "stats") else None
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._publish = publish
         self._stop = threading.Event()
@@ -71,8 +77,12 @@ class EngineLoop:
     def run(self) -> None:
         engine, inbox, publish = self.engine, self.inbox, self._publish
         cpu0 = time.thread_time()
+        next_stats = 0.0
         try:
             while True:
+                if self.on_stats is not None and time.monotonic() >= next_stats:
+                    next_stats = time.monotonic() + STATS_EVERY_S
+                    self.on_stats(engine.stats())
                 busy = engine.has_unfinished()
                 if not busy and self._stop.is_set():
                     return
@@ -91,7 +101,7 @@ class EngineLoop:
                     outputs = engine.step()
                     self.steps += 1
                     if outputs:
-                        publish.put((OUTPUTS, outputs))
+                        publish.put((OUTPUTS, (outputs, time.time())))
         except BaseException as exc:  # noqa: BLE001 - reported to the worker, which stops
             log.exception("the engine loop failed; the worker stops")
             self.error = exc

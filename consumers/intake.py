@@ -33,6 +33,7 @@ from kafka.structs import OffsetAndMetadata
 from consumers.cancel import CancelListener
 from consumers.engine_bridge import engine_params
 from consumers.engine_loop import EngineLoop
+from consumers.engine_metrics import EngineMetrics
 from consumers.handoff import (ABORTED, ACKED, ADMIT, FINISHED, HAND_BACK, REJECT, Aborted,
                                Admitted, Rejected)
 from consumers.kafka_io import LRUSet, group_consumer
@@ -79,7 +80,7 @@ def key_request_id(key: bytes | None) -> str | None:
 class Intake:
     def __init__(self, settings: Settings, engine: EngineLoop, publish: queue.Queue,
                  settled: queue.SimpleQueue, *, attempt_prefix: str, max_inflight: int,
-                 metrics: Metrics):
+                 metrics: Metrics, engine_metrics: EngineMetrics | None = None):
         self.settings = settings
         self.engine = engine
         self.publish = publish
@@ -87,6 +88,7 @@ class Intake:
         self.attempt_prefix = attempt_prefix
         self.max_inflight = max_inflight
         self.metrics = metrics
+        self.engine_metrics = engine_metrics
         # NOTE: `running` (jobs in the engine) is what the in-flight limit bounds; endings
         # waiting for their acks are bounded apart, by as many again (MAX_ENDINGS_FACTOR).
         self.jobs: dict[int, Job] = {}
@@ -245,6 +247,8 @@ class Intake:
                         params=params, priority=req.priority, messages=messages,
                         arrival_time=now)
         self.metrics.inc("admitted")
+        if self.engine_metrics is not None:
+            self.engine_metrics.observe_queue_time(now - req.submitted_at)
 
     def _add_job(self, job: Job) -> None:
         self.jobs[job.ticket] = job

@@ -1,7 +1,8 @@
 """The publisher thread: engine outputs in, events out, acknowledgements back to the intake.
 
     Admitted ─► StatusEvent (inflight.results)
-    step outputs ─► per request: new tokens gathered into one delta ─► TokenEvent
+    step outputs ─► engine metrics (vLLM's histograms: TTFT, inter-token latency, e2e)
+                 ─► per request: new tokens gathered into one delta ─► TokenEvent
                     (inflight.results.tokens), flushed every stream_interval_ms, at
                     stream_max_tokens, at once for the first delta (time to first token)
                     and before the final; only for requests that stream
@@ -40,6 +41,7 @@ from consumers import event_bytes
 from consumers.dlq import dlq_headers, dlq_value
 from consumers.handoff import (ABORTED, ACKED, ADD_FAILED, ADMIT, DROPPED, FINISHED, HAND_BACK,
                                OUTPUTS, REJECT, STOP, Aborted, Admitted, Rejected)
+from consumers.engine_metrics import EngineMetrics
 from consumers.metrics import Metrics
 from schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, Settings
 
@@ -99,12 +101,13 @@ class _Ending:
 
 class Publisher:
     def __init__(self, settings: Settings, producer: Any, settled: queue.SimpleQueue, *,
-                 worker: str, metrics: Metrics):
+                 worker: str, metrics: Metrics, engine_metrics: EngineMetrics | None = None):
         self.settings = settings
         self.producer = producer
         self.settled = settled
         self.worker = worker
         self.metrics = metrics
+        self.engine_metrics = engine_metrics
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_SIZE)
         self.topic_results = settings.topic_results
         self.topic_tokens = settings.topic_results_tokens
@@ -196,7 +199,10 @@ class Publisher:
     def handle(self, item: tuple[str, Any]) -> None:
         kind, payload = item
         if kind == OUTPUTS:
-            self._outputs(payload)
+            outputs, at = payload
+            if self.engine_metrics is not None:
+                self.engine_metrics.observe_outputs(outputs, at)
+            self._outputs(outputs)
         elif kind == ADMIT:
             self._admit(payload)
         elif kind == REJECT:

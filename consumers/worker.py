@@ -40,7 +40,9 @@ from typing import Any
 from consumers.engine_bridge import build_engine
 from consumers.engine_loop import EngineLike, EngineLoop
 from consumers.intake import Intake
+from consumers.engine_metrics import EngineMetrics
 from consumers.kafka_io import producer
+from consumers.lag import LagProbe
 from consumers.metrics import Metrics
 from consumers.publisher import Publisher
 from schemas import Settings
@@ -62,12 +64,18 @@ class Worker:
         self.generation = uuid.uuid4().hex[:8]
         self.max_inflight = max_inflight or settings.worker_max_inflight
         self.metrics = metrics or Metrics("worker", settings.metrics_interval_s)
+        model = getattr(getattr(engine, "config", None), "model", None)
+        self.engine_metrics = EngineMetrics(self.metrics.registry,
+                                            os.path.basename(str(model)) if model else "unknown")
         settled: queue.SimpleQueue = queue.SimpleQueue()
-        self.publisher = Publisher(settings, None, settled, worker=self.name, metrics=self.metrics)
-        self.engine_loop = EngineLoop(engine, self.publisher.queue)
+        self.publisher = Publisher(settings, None, settled, worker=self.name, metrics=self.metrics,
+                                   engine_metrics=self.engine_metrics)
+        self.engine_loop = EngineLoop(engine, self.publisher.queue,
+                                      on_stats=self.engine_metrics.observe_stats)
         self.intake = Intake(settings, self.engine_loop, self.publisher.queue, settled,
                              attempt_prefix=self.generation, max_inflight=self.max_inflight,
-                             metrics=self.metrics)
+                             metrics=self.metrics, engine_metrics=self.engine_metrics)
+        self.lag: LagProbe | None = None
         self.producer: Any = None
         self._started_at = time.time()
         self._stopping = False
@@ -88,8 +96,10 @@ class Worker:
         self.publisher.producer = self.producer
         self.intake.open(since=self._started_at)
         if s.metrics_port is not None:
-            port = self.metrics.serve(s.metrics_port)
-            log.info("worker metrics on http://127.0.0.1:%d/metrics", port)
+            port = self.metrics.serve(s.metrics_port, s.metrics_host)
+            log.info("worker metrics on http://%s:%d/metrics", s.metrics_host, port)
+            self.lag = LagProbe(s, s.worker_group, [s.topic_requests, s.topic_requests_batch],
+                                self.metrics.registry, s.metrics_lag_interval_s).start()
         log.info("worker %s (attempts %s.*): group=%s topics=%s,%s max_inflight=%d", self.name,
                  self.generation, s.worker_group, s.topic_requests, s.topic_requests_batch,
                  self.max_inflight)
@@ -147,6 +157,12 @@ class Worker:
             self.intake.run_once()
 
     def close(self) -> None:
+        if self.lag is not None:
+            try:
+                self.lag.close()
+            except Exception:  # noqa: BLE001 - closing must not mask the real error
+                log.exception("closing the lag probe failed")
+            self.lag = None
         self.intake.close()
         if self.producer is not None:
             try:

@@ -8,7 +8,7 @@ from schemas.batch import parse_batch_line
 from schemas.codec import (DEFAULT_MAX_BYTES, DEFAULT_MAX_PROMPT_CHARS, decode_request,
                            decode_result, encode, salvage_request_id)
 from schemas.errors import (BrokerError, CapacityError, ConfigError, InflightError, ModelError,
-                            Retry, SchemaError, StoreError)
+                            NotFoundError, Retry, SchemaError, StateError, StoreError)
 from schemas.events import (ERR_CANCELLED, ERR_ENGINE, ERR_EXPIRED, ERR_INTERNAL,
                             ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG,
                             FINISH_REASONS, ErrorEvent, FinalEvent, FinishReason, ResultEvent,
@@ -20,7 +20,7 @@ from schemas.settings import Settings
 
 __all__ = [
     "BrokerError", "CapacityError", "ConfigError", "InflightError", "ModelError", "Retry",
-    "SchemaError", "Settings", "StoreError",
+    "SchemaError", "Settings", "StoreError", "NotFoundError", "StateError",
     "SamplingParams", "ChatMessage", "InferenceRequest", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
     "TokenEvent", "StatusEvent", "FinalEvent", "ErrorEvent", "ResultEvent", "Usage", "Timings", "FinishReason",
     "FINISH_REASONS", "ERR_CANCELLED", "ERR_ENGINE", "ERR_EXPIRED", "ERR_INTERNAL",

@@ -45,6 +45,15 @@ class StoreError(InflightError):
     """The SQL store could not be reached or used."""
 
 
+class NotFoundError(InflightError, LookupError):
+    """A batch, file or request id that does not exist (or belongs to someone else)."""
+
+
+class StateError(InflightError):
+    """The object exists but its state forbids the operation (cancel a completed batch,
+    read the results of a batch still running)."""
+
+
 class ModelError(InflightError):
     """A model folder is missing, incomplete, or of an unsupported architecture."""
 

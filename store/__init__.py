@@ -1,12 +1,18 @@
 """The SQL store: tables, idempotent upserts and lookups. Imports only `schemas`."""
 
 from store.migrate import upgrade
-from store.models import (CANCELLED, COMPLETED, EXPIRED, FAILED, FINAL_STATUSES, QUEUED, RUNNING,
-                          STATUS_RANK, STATUSES, BatchRow, RequestRow)
+from store.files import CHUNK_BYTES, FILE_PURPOSES, new_file_id
+from store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BATCH_STATUSES, CANCELLED,
+                          CANCELLING, COMPLETED, EXPIRED, FAILED, FINAL_STATUSES, FINALIZING,
+                          IN_PROGRESS, QUEUED, RUNNING, STATUS_RANK, STATUSES, VALIDATING,
+                          BatchRow, FileRow, RequestRow)
 from store.queries import Store, normalize_url
 from store.rows import FINISH_TO_STATUS, error_row, final_row, queued_row, running_row
 
-__all__ = ["Store", "upgrade", "normalize_url", "RequestRow", "BatchRow", "STATUSES",
+__all__ = ["Store", "upgrade", "normalize_url", "RequestRow", "BatchRow", "FileRow", "STATUSES",
+           "BATCH_STATUSES", "BATCH_FINAL_STATUSES", "BATCH_PREDECESSORS", "VALIDATING",
+           "IN_PROGRESS", "FINALIZING", "CANCELLING", "CHUNK_BYTES", "FILE_PURPOSES",
+           "new_file_id",
            "FINAL_STATUSES", "STATUS_RANK", "QUEUED", "RUNNING", "COMPLETED", "FAILED",
            "CANCELLED", "EXPIRED", "FINISH_TO_STATUS", "queued_row", "running_row", "final_row",
            "error_row"]

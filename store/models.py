@@ -1,8 +1,16 @@
-"""SQLAlchemy 2.0 tables: `requests` (one row per request_id) and `batches`.
+"""SQLAlchemy 2.0 tables: `requests` (one row per request_id), `batches` (OpenAI Batch
+objects), `files` + `file_chunks` (uploaded and generated JSONL files).
 
 Request states, in the only order a row may move:
 
     queued ──► running ──► completed | failed | cancelled | expired   (final: never change)
+
+Batch states (OpenAI's), in the only directions a row may move (BATCH_PREDECESSORS):
+
+    validating ──► in_progress ──► finalizing ──► completed
+        │  │            │  └─────────────────────► expired
+        │  └────────────┴──► cancelling ─────────► cancelled
+        └──► failed            (validating ──► expired | cancelling too)
 
 JSON columns are `JSON` everywhere and `JSONB` on Postgres. Timestamps are timezone-aware
 UTC datetimes on both backends.
@@ -13,7 +21,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, CheckConstraint, DateTime, Integer, String, Text, TypeDecorator
+from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, ForeignKey, Integer,
+                        LargeBinary, String, Text, TypeDecorator)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -24,7 +33,31 @@ FINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED, EXPIRED})
 # NOTE: a row moves only to a strictly higher rank (same rank allowed below final).
 STATUS_RANK = {QUEUED: 0, RUNNING: 1, COMPLETED: 2, FAILED: 2, CANCELLED: 2, EXPIRED: 2}
 
+# Batch (OpenAI Batch object) states.
+VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING = "validating", "in_progress", "finalizing", "cancelling"
+BATCH_STATUSES: tuple[str, ...] = (VALIDATING, FAILED, IN_PROGRESS, FINALIZING, COMPLETED, EXPIRED,
+                                   CANCELLING, CANCELLED)
+BATCH_FINAL_STATUSES = frozenset({FAILED, COMPLETED, EXPIRED, CANCELLED})
+# NOTE: the only moves a batch row makes: status -> the statuses it may come from. Every
+# change is one conditional UPDATE ... WHERE status IN (predecessors) (store.batch_queries),
+# so two processes racing on one batch cannot both move it, and nothing moves backwards.
+BATCH_PREDECESSORS: dict[str, frozenset[str]] = {
+    IN_PROGRESS: frozenset({VALIDATING}),
+    FAILED: frozenset({VALIDATING}),
+    FINALIZING: frozenset({IN_PROGRESS}),
+    COMPLETED: frozenset({FINALIZING}),
+    EXPIRED: frozenset({VALIDATING, IN_PROGRESS}),
+    CANCELLING: frozenset({VALIDATING, IN_PROGRESS}),
+    CANCELLED: frozenset({CANCELLING}),
+}
+
+# File states: chunks are written (each chunk its own transaction) while `uploading`;
+# the row turns `uploaded` with its size, line count and sha256 once the last one is in.
+FILE_UPLOADING, FILE_UPLOADED = "uploading", "uploaded"
+FILE_STATUSES: tuple[str, ...] = (FILE_UPLOADING, FILE_UPLOADED)
+
 ID_LEN = 128
+OWNER_LEN = 256
 # none_as_null: Python None is SQL NULL (so COALESCE in upserts keeps earlier values).
 JSONType = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 
@@ -54,8 +87,8 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(timezone.utc)
 
 
-def _status_check(name: str) -> CheckConstraint:
-    values = ", ".join(f"'{s}'" for s in STATUSES)
+def _status_check(name: str, statuses: tuple[str, ...] = STATUSES) -> CheckConstraint:
+    values = ", ".join(f"'{s}'" for s in statuses)
     return CheckConstraint(f"status IN ({values})", name=name)
 
 
@@ -69,6 +102,8 @@ class RequestRow(Base):
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)  # = request_id
     batch_id: Mapped[str | None] = mapped_column(String(ID_LEN), index=True)
+    custom_id: Mapped[str | None] = mapped_column(String(512))  # the batch line's custom_id
+    owner: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)  # set by the HTTP API
     status: Mapped[str] = mapped_column(String(16), index=True)
     priority: Mapped[int | None] = mapped_column(Integer)
     prompt: Mapped[Any | None] = mapped_column(JSONType)  # str | chat messages | {"prompt_token_ids"}
@@ -78,6 +113,7 @@ class RequestRow(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     usage: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     timings: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    logprobs: Mapped[Any | None] = mapped_column(JSONType)
     error: Mapped[str | None] = mapped_column(Text)
     error_code: Mapped[str | None] = mapped_column(String(64))
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -96,33 +132,100 @@ class RequestRow(Base):
 
 
 class BatchRow(Base):
+    """An OpenAI Batch object (plus our progress and lease columns).
+
+    request_counts = {total, completed, failed}; requests cancelled or expired are also
+    counted apart (cancelled, expired) for Anthropic's request_counts. Legacy batches
+    (written before migration 0002) may lack endpoint, input_file_id and completion_window.
+    """
+
     __tablename__ = "batches"
-    __table_args__ = (_status_check("ck_batches_status"),)
+    __table_args__ = (_status_check("ck_batches_status", BATCH_STATUSES),)
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
     status: Mapped[str] = mapped_column(String(16), index=True)
-    total: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    completed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    failed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    input: Mapped[str | None] = mapped_column(Text)    # path of the JSONL input file
-    output: Mapped[str | None] = mapped_column(Text)   # path of the JSONL output file
-    error: Mapped[str | None] = mapped_column(Text)
+    endpoint: Mapped[str | None] = mapped_column(String(64))
+    input_file_id: Mapped[str | None] = mapped_column(String(ID_LEN))
+    completion_window: Mapped[str | None] = mapped_column(String(16))
+    output_file_id: Mapped[str | None] = mapped_column(String(ID_LEN))
+    error_file_id: Mapped[str | None] = mapped_column(String(ID_LEN))
+    errors: Mapped[Any | None] = mapped_column(JSONType)  # [{code, message, param, line}]
+    owner: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)
     # `metadata` is reserved on declarative classes: the attribute is `meta`.
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONType)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    request_total: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    request_completed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    request_failed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    request_cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    request_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # progress of the validate-and-enqueue task: input lines checked, lines published
+    lines_validated: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    lines_enqueued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # a sweeper's claim on the batch (finalize / expire / cancel work): see claim_batch
+    lease_owner: Mapped[str | None] = mapped_column(String(OWNER_LEN))
+    lease_until: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
-    finished_at: Mapped[datetime | None]
+    in_progress_at: Mapped[datetime | None]
     expires_at: Mapped[datetime | None]
+    finalizing_at: Mapped[datetime | None]
+    completed_at: Mapped[datetime | None]
+    failed_at: Mapped[datetime | None]
+    expired_at: Mapped[datetime | None]
+    cancelling_at: Mapped[datetime | None]
+    cancelled_at: Mapped[datetime | None]
 
     @property
-    def counts(self) -> dict[str, int]:
-        return {"total": self.total, "completed": self.completed, "failed": self.failed,
-                "cancelled": self.cancelled}
+    def request_counts(self) -> dict[str, int]:
+        return {"total": self.request_total, "completed": self.request_completed,
+                "failed": self.request_failed}
+
+    @property
+    def request_done(self) -> int:
+        """Requests with a final row (any final status)."""
+        return (self.request_completed + self.request_failed + self.request_cancelled
+                + self.request_expired)
 
     @property
     def is_final(self) -> bool:
-        return self.status in FINAL_STATUSES
+        return self.status in BATCH_FINAL_STATUSES
+
+    @property
+    def ended_at(self) -> datetime | None:
+        return self.completed_at or self.failed_at or self.expired_at or self.cancelled_at
 
     def __repr__(self) -> str:
-        return f"BatchRow(id={self.id!r}, status={self.status!r}, counts={self.counts})"
+        return f"BatchRow(id={self.id!r}, status={self.status!r}, counts={self.request_counts})"
+
+
+class FileRow(Base):
+    """An OpenAI File object; its bytes live in `file_chunks` (so any process that reaches
+    the database reaches the content: a Celery worker, the HTTP API, the CLI)."""
+
+    __tablename__ = "files"
+    __table_args__ = (_status_check("ck_files_status", FILE_STATUSES),)
+
+    id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
+    purpose: Mapped[str] = mapped_column(String(32))   # batch | batch_output | batch_errors
+    filename: Mapped[str] = mapped_column(String(512))
+    status: Mapped[str] = mapped_column(String(16))
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    line_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    owner: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None]
+
+    def __repr__(self) -> str:
+        return f"FileRow(id={self.id!r}, filename={self.filename!r}, bytes={self.bytes})"
+
+
+class FileChunkRow(Base):
+    """One piece (up to store.files.CHUNK_BYTES) of a file's content, in order of `seq`."""
+
+    __tablename__ = "file_chunks"
+
+    file_id: Mapped[str] = mapped_column(String(ID_LEN), ForeignKey("files.id", ondelete="CASCADE"),
+                                         primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

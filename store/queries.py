@@ -12,7 +12,7 @@ overwritten — not by a duplicate final (first wins), not by a late queued/runn
 NULL in the new row never erases a value already stored.
 
 One exception fills gaps without moving anything: the describing columns (_FILL_ONLY:
-prompt, params, batch_id, priority) of a row that lacks them are taken from a row that
+prompt, params, batch_id, priority, custom_id, owner) of a row that lacks them are taken from a row that
 does not move forward. Events can reach the recorder out of order (the final event
 before the queued one, from different topics), and the final row must not lose the
 prompt; a value already stored is never replaced.
@@ -26,21 +26,20 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, create_engine, event, func, or_, select, update
+from sqlalchemy import case, create_engine, event, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from schemas.errors import StoreError
-from store.models import (FINAL_STATUSES, QUEUED, STATUS_RANK, STATUSES, BatchRow, RequestRow,
-                          utcnow)
+from store.batch_queries import BatchQueries
+from store.files import FileQueries
+from store.models import FINAL_STATUSES, QUEUED, STATUS_RANK, STATUSES, RequestRow, utcnow
 
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
 _KEEP_ON_CONFLICT = {"id", "created_at"}
-_FILL_ONLY = ("prompt", "params", "batch_id", "priority")
-_BATCH_UPDATABLE = {"status", "total", "completed", "failed", "cancelled", "input", "output",
-                    "error", "meta", "finished_at", "expires_at"}
+_FILL_ONLY = ("prompt", "params", "batch_id", "priority", "custom_id", "owner")
 UPSERT_CHUNK = 500  # rows per INSERT statement (SQLite caps bound parameters)
 
 
@@ -75,8 +74,8 @@ def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     return old | {k: new[k] for k in _FILL_ONLY if old[k] is None and new[k] is not None}
 
 
-class Store:
-    """The SQL store. `Store(url)` expects migrated tables (run `inflight db upgrade`);
+class Store(BatchQueries, FileQueries):
+    """The SQL store (requests here; batches in store.batch_queries, files in store.files). `Store(url)` expects migrated tables (run `inflight db upgrade`);
     `Store(url, create=True)` runs the Alembic migrations first (tests, embedded SQLite)."""
 
     def __init__(self, url: str, *, create: bool = False, echo: bool = False):
@@ -179,6 +178,28 @@ class Store:
                 s.execute(stmt)
         return len(values)
 
+    def insert_requests(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Insert `queued` request rows; ids already stored are left as they are (INSERT ...
+        ON CONFLICT DO NOTHING). The batch enqueue task writes its rows this way before
+        publishing them, so a retried task changes nothing already recorded."""
+        now = utcnow()
+        values = []
+        for row in rows:
+            unknown = set(row) - set(_REQUEST_COLUMNS)
+            if unknown:
+                raise ValueError(f"unknown requests column(s) {sorted(unknown)}")
+            full = {c: row.get(c) for c in _REQUEST_COLUMNS}
+            full["status"] = full["status"] or QUEUED
+            full["created_at"] = full["created_at"] or now
+            full["updated_at"] = now
+            full["attempts"] = full["attempts"] or 0
+            values.append(full)
+        table = RequestRow.__table__
+        with self.session() as s:
+            for start in range(0, len(values), UPSERT_CHUNK):
+                s.execute(self._insert(table).values(values[start:start + UPSERT_CHUNK])
+                          .on_conflict_do_nothing(index_elements=[table.c.id]))
+
     def get_request(self, request_id: str) -> RequestRow | None:
         with self.session() as s:
             return s.get(RequestRow, request_id)
@@ -212,60 +233,6 @@ class Store:
             for status, n in s.execute(q):
                 counts[status] = n
         return counts
-
-    # --- batches ----------------------------------------------------------------------
-
-    def create_batch(self, batch_id: str, *, input: str | None = None, total: int = 0,
-                     metadata: dict[str, Any] | None = None, expires_at: datetime | None = None,
-                     status: str = QUEUED) -> BatchRow:
-        """Create a batch row; creating an existing id again returns it unchanged."""
-        now = utcnow()
-        table = BatchRow.__table__
-        stmt = self._insert(table).values(
-            id=batch_id, status=status, total=total, completed=0, failed=0, cancelled=0,
-            input=input, metadata=metadata, created_at=now, updated_at=now,
-            expires_at=expires_at).on_conflict_do_nothing(index_elements=[table.c.id])
-        with self.session() as s:
-            s.execute(stmt)
-        row = self.get_batch(batch_id)
-        assert row is not None  # just written in a committed transaction
-        return row
-
-    def get_batch(self, batch_id: str) -> BatchRow | None:
-        with self.session() as s:
-            return s.get(BatchRow, batch_id)
-
-    def update_batch(self, batch_id: str, **fields: Any) -> BatchRow:
-        """Set batch columns (status, total, completed, failed, cancelled, input, output,
-        error, meta, finished_at, expires_at). A final batch keeps its status."""
-        unknown = set(fields) - _BATCH_UPDATABLE
-        if unknown:
-            raise ValueError(f"cannot update batch column(s) {sorted(unknown)}; "
-                             f"allowed: {sorted(_BATCH_UPDATABLE)}")
-        with self.session() as s:
-            row = s.get(BatchRow, batch_id, with_for_update=self.dialect == "postgresql")
-            if row is None:
-                raise StoreError(f"batch {batch_id!r} does not exist; create it first")
-            if row.is_final and fields.get("status", row.status) != row.status:
-                fields = {k: v for k, v in fields.items() if k != "status"}
-            for key, value in fields.items():
-                setattr(row, key, value)
-            if fields.get("status") in FINAL_STATUSES and row.finished_at is None:
-                row.finished_at = utcnow()
-            row.updated_at = utcnow()
-            return row
-
-    def refresh_batch_counts(self, batch_id: str) -> BatchRow:
-        """Recompute completed/failed/cancelled from the batch's request rows."""
-        c = self.count_by_status(batch_id)
-        with self.session() as s:
-            s.execute(update(BatchRow).where(BatchRow.id == batch_id).values(
-                completed=c["completed"], failed=c["failed"],
-                cancelled=c["cancelled"] + c["expired"], updated_at=utcnow()))
-        row = self.get_batch(batch_id)
-        if row is None:
-            raise StoreError(f"batch {batch_id!r} does not exist; create it first")
-        return row
 
 
 _pragma_lock = threading.Lock()

@@ -15,7 +15,7 @@ def store(db_url: str) -> Iterator[Store]:
     s = Store(db_url, create=True)
     if s.dialect == "postgresql":
         with s.engine.begin() as conn:
-            conn.execute(text("TRUNCATE requests, batches"))
+            conn.execute(text("TRUNCATE requests, batches, files, file_chunks"))
     yield s
     s.close()
 

@@ -166,28 +166,6 @@ def test_concurrent_duplicate_finals_first_wins(db_url):
         b.close()
 
 
-def test_batches(store: Store):
-    exp = datetime.now(timezone.utc) + timedelta(days=1)
-    b = store.create_batch("batch-1", input="/data/in.jsonl", total=3, metadata={"k": "v"},
-                           expires_at=exp)
-    assert (b.status, b.total, b.input, b.meta) == ("queued", 3, "/data/in.jsonl", {"k": "v"})
-    assert abs((b.expires_at - exp).total_seconds()) < 1e-3
-    assert store.create_batch("batch-1", input="other").input == "/data/in.jsonl"  # idempotent
-    store.upsert_requests([final("x1", "a", batch_id="batch-1"),
-                           {"id": "x2", "status": "failed", "batch_id": "batch-1"},
-                           {"id": "x3", "status": "queued", "batch_id": "batch-1"}])
-    b = store.refresh_batch_counts("batch-1")
-    assert b.counts == {"total": 3, "completed": 1, "failed": 1, "cancelled": 0}
-    b = store.update_batch("batch-1", status="completed", output="/data/out.jsonl")
-    assert b.status == "completed" and b.finished_at is not None and b.output == "/data/out.jsonl"
-    assert store.update_batch("batch-1", status="running").status == "completed"  # final stays
-    with pytest.raises(ValueError):
-        store.update_batch("batch-1", id="other")
-    with pytest.raises(StoreError):
-        store.update_batch("no-such-batch", status="running")
-    assert store.get_batch("no-such-batch") is None
-
-
 def test_bad_rows_are_rejected(store: Store):
     with pytest.raises(ValueError):
         store.upsert_requests([{"id": "r", "status": "done"}])

@@ -1,0 +1,137 @@
+"""Files (OpenAI File objects): content streamed into `file_chunks`, never held whole.
+
+    row = store.create_file(chunks, purpose="batch", filename="in.jsonl")   # any byte pieces
+    for line_no, line in store.iter_file_lines(row.id): ...                 # 1-based, no "\\n"
+
+NOTE: content lives in the database, not in a data directory, so every process that
+reaches the database (a Celery worker on another host, the HTTP API, the CLI) reaches the
+bytes too. Each chunk is written in its own short transaction (an upload never holds a
+long write lock on SQLite); the row is `uploading` until the last chunk is in, then
+`uploaded` with its size, line count and sha256. Readers see only `uploaded` files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+
+from sqlalchemy import delete, select, update
+
+from schemas.errors import NotFoundError
+from store.models import FILE_UPLOADED, FILE_UPLOADING, FileChunkRow, FileRow, utcnow
+
+CHUNK_BYTES = 1 << 20  # 1 MiB per stored chunk
+
+FILE_PURPOSES = ("batch", "batch_output", "batch_errors")
+
+
+def new_file_id() -> str:
+    return "file-" + uuid.uuid4().hex
+
+
+class FileQueries:
+    """Mixed into store.Store (which provides session())."""
+
+    def create_file(self, content: Iterable[bytes], *, purpose: str, filename: str,
+                    owner: str | None = None, expires_at: datetime | None = None,
+                    file_id: str | None = None,
+                    progress: Callable[[int], None] | None = None) -> FileRow:
+        """Store a file from byte pieces of any size (a file object read in blocks, a
+        generator of output lines). `progress(n)` is called with each stored chunk's size."""
+        if purpose not in FILE_PURPOSES:
+            raise ValueError(f"file purpose {purpose!r}: use one of {FILE_PURPOSES}")
+        fid = file_id or new_file_id()
+        with self.session() as s:  # type: ignore[attr-defined]
+            s.add(FileRow(id=fid, purpose=purpose, filename=filename[:512], status=FILE_UPLOADING,
+                          bytes=0, line_count=0, owner=owner, created_at=utcnow(),
+                          expires_at=expires_at))
+        digest, size, newlines, last = hashlib.sha256(), 0, 0, b""
+        seq = 0
+        buf = bytearray()
+
+        def flush(piece: bytes) -> None:
+            nonlocal seq
+            with self.session() as s:  # type: ignore[attr-defined]
+                s.add(FileChunkRow(file_id=fid, seq=seq, data=piece))
+            seq += 1
+            if progress is not None:
+                progress(len(piece))
+
+        for part in content:
+            if not part:
+                continue
+            digest.update(part)
+            size += len(part)
+            newlines += part.count(b"\n")
+            last = part[-1:]
+            buf += part
+            while len(buf) >= CHUNK_BYTES:
+                flush(bytes(buf[:CHUNK_BYTES]))
+                del buf[:CHUNK_BYTES]
+        if buf:
+            flush(bytes(buf))
+        lines = newlines + (1 if size and last != b"\n" else 0)
+        with self.session() as s:  # type: ignore[attr-defined]
+            s.execute(update(FileRow).where(FileRow.id == fid).values(
+                status=FILE_UPLOADED, bytes=size, line_count=lines, sha256=digest.hexdigest()))
+        return self.require_file(fid)
+
+    def get_file(self, file_id: str) -> FileRow | None:
+        with self.session() as s:  # type: ignore[attr-defined]
+            row = s.get(FileRow, file_id)
+            return row if row is not None and row.status == FILE_UPLOADED else None
+
+    def require_file(self, file_id: str) -> FileRow:
+        row = self.get_file(file_id)
+        if row is None:
+            raise NotFoundError(f"file {file_id!r} not found (or still uploading)")
+        return row
+
+    def list_files(self, *, owner: str | None = None, purpose: str | None = None,
+                   limit: int = 100) -> list[FileRow]:
+        """Newest first."""
+        q = select(FileRow).where(FileRow.status == FILE_UPLOADED)
+        if owner is not None:
+            q = q.where(FileRow.owner == owner)
+        if purpose is not None:
+            q = q.where(FileRow.purpose == purpose)
+        with self.session() as s:  # type: ignore[attr-defined]
+            return list(s.scalars(q.order_by(FileRow.created_at.desc(), FileRow.id.desc())
+                                  .limit(limit)).all())
+
+    def iter_file(self, file_id: str) -> Iterator[bytes]:
+        """The file's content, one stored chunk (<= CHUNK_BYTES) at a time."""
+        self.require_file(file_id)
+        seq = 0
+        while True:
+            with self.session() as s:  # type: ignore[attr-defined]
+                data = s.scalar(select(FileChunkRow.data).where(
+                    FileChunkRow.file_id == file_id, FileChunkRow.seq == seq))
+            if data is None:
+                return
+            yield bytes(data)
+            seq += 1
+
+    def iter_file_lines(self, file_id: str, *, start: int = 1) -> Iterator[tuple[int, bytes]]:
+        """(line number from 1, line without its newline), skipping lines before `start`.
+        A last line without a newline is a line; a trailing newline adds none."""
+        no, tail = 0, b""
+        for chunk in self.iter_file(file_id):
+            parts = (tail + chunk).split(b"\n")
+            tail = parts.pop()
+            for line in parts:
+                no += 1
+                if no >= start:
+                    yield no, line
+        if tail:
+            no += 1
+            if no >= start:
+                yield no, tail
+
+    def delete_file(self, file_id: str) -> bool:
+        """Remove a file and its content; False if there was none."""
+        with self.session() as s:  # type: ignore[attr-defined]
+            s.execute(delete(FileChunkRow).where(FileChunkRow.file_id == file_id))
+            return s.execute(delete(FileRow).where(FileRow.id == file_id)).rowcount == 1
