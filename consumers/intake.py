@@ -108,12 +108,12 @@ class Intake:
         self._next_cancels = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------
-    def open(self, since: float) -> "Intake":
+    def open(self) -> "Intake":
         s = self.settings
         self.consumer = group_consumer(s, s.worker_group, max_poll_records=self.max_inflight)
         self.consumer.subscribe([s.topic_requests, s.topic_requests_batch],
                                 listener=_Rebalance(self._rebalances))
-        self.cancels = CancelListener(s, since=since)
+        self.cancels = CancelListener(s)  # from now - INFLIGHT_CANCEL_LOOKBACK_S
         return self
 
     def close(self) -> None:

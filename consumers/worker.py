@@ -41,12 +41,12 @@ from consumers.engine_bridge import build_engine
 from consumers.engine_loop import EngineLike, EngineLoop
 from consumers.intake import Intake
 from consumers.engine_metrics import EngineMetrics
-from consumers.kafka_io import producer
 from consumers.lag import LagProbe
 from consumers.metrics import Metrics
 from consumers.publisher import Publisher
 from schemas import Settings
 from schemas.errors import InflightError
+from schemas.kafka_clients import producer
 
 log = logging.getLogger("inflight.worker")
 
@@ -77,7 +77,6 @@ class Worker:
                              metrics=self.metrics, engine_metrics=self.engine_metrics)
         self.lag: LagProbe | None = None
         self.producer: Any = None
-        self._started_at = time.time()
         self._stopping = False
         self._threads_started = False
 
@@ -94,7 +93,7 @@ class Worker:
         s = self.settings
         self.producer = producer(s)
         self.publisher.producer = self.producer
-        self.intake.open(since=self._started_at)
+        self.intake.open()
         if s.metrics_port is not None:
             port = self.metrics.serve(s.metrics_port, s.metrics_host)
             log.info("worker metrics on http://%s:%d/metrics", s.metrics_host, port)

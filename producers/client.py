@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from kafka.errors import KafkaError
 from pydantic import ValidationError
 
@@ -29,6 +29,7 @@ from schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, FinalEven
 from schemas.codec import schema_error
 from schemas.errors import BrokerError, InflightError
 from producers.stream import follow, partition_for
+from schemas.kafka_clients import partitions_of, plain_consumer, producer
 from store import FINAL_STATUSES, Store
 
 NOT_FOUND = "not_found"
@@ -71,18 +72,6 @@ class Result:
         d = asdict(self)
         d.pop("extra")
         return d
-
-
-def _partitions_of(consumer: KafkaConsumer, topic: str, timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        parts = consumer.partitions_for_topic(topic)
-        if parts:
-            return sorted(parts)
-        if time.monotonic() > deadline:
-            raise BrokerError(f"topic {topic!r} does not exist: run `inflight topics create`")
-        consumer.topics()  # refresh metadata
-        time.sleep(0.1)
 
 
 def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
@@ -132,14 +121,7 @@ class Client:
     @property
     def producer(self) -> KafkaProducer:
         if self._producer is None:
-            s = self.settings
-            try:
-                self._producer = KafkaProducer(
-                    acks="all", linger_ms=5, enable_idempotence=s.kafka_enable_idempotence,
-                    max_request_size=s.kafka_max_message_bytes + 64_000, **s.kafka_common())
-            except KafkaError as exc:
-                raise BrokerError(f"cannot reach Kafka at {s.kafka_bootstrap!r} ({exc}): start "
-                                  "a broker (`inflight broker`) or set INFLIGHT_KAFKA_BOOTSTRAP") from exc
+            self._producer = producer(self.settings, linger_ms=5)
         return self._producer
 
     @property
@@ -297,11 +279,10 @@ class Client:
         s = self.settings
         start_ms = int(((since if since is not None else self._since(request_id))
                         - STREAM_CLOCK_SLACK_S) * 1000)
-        consumer = KafkaConsumer(group_id=None, enable_auto_commit=False,
-                                 auto_offset_reset="earliest", **s.kafka_common())
+        consumer = plain_consumer(s)
         try:
             yield from follow(consumer, s, request_id, start_ms, time.monotonic() + timeout,
-                              _partitions_of, lambda: RequestNotFound(
+                              partitions_of, lambda: RequestNotFound(
                                   self._not_found_message(request_id, timeout)))
         finally:
             consumer.close()

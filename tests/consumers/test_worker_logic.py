@@ -289,7 +289,7 @@ def test_a_final_too_large_for_kafka_becomes_a_small_error_final(broker, tmp_pat
     max_request_size; a broker limit answers the same way, later): either way the request
     ends with a `message_too_large` error final, and the next request still completes."""
     from producers.client import Client
-    from consumers.kafka_io import producer
+    from schemas.kafka_clients import producer
 
     settings = make_settings(broker, f"sqlite:///{tmp_path / 'x.db'}", partitions=1,
                              kafka_max_message_bytes=60_000)
