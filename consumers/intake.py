@@ -95,6 +95,7 @@ class Intake:
         self.running = 0
         self.by_id: dict[str, Job] = {}      # admitted request ids still running or unacked
         self.tracker = OffsetTracker()
+        self.owned: set[TopicPartition] = set()  # partitions assigned, as the listener says
         self.recent = LRUSet(RECENT_IDS)
         self.cancelled = LRUSet(10_000)
         self.max_seen_inflight = 0
@@ -327,28 +328,33 @@ class Intake:
 
     # -- rebalances and hand-backs ----------------------------------------------------------
     def _handle_rebalances(self) -> None:
-        changed = False
+        """Apply the listener's events in order. `owned` follows them (eager: all revoked,
+        then the whole new set assigned; cooperative: what was lost, then what was added)."""
+        assigned = False
         while True:
             try:
                 kind, tps = self._rebalances.get_nowait()
             except queue.Empty:
                 break
-            changed = True
             if kind == "revoked":
                 self.metrics.inc("rebalances")
+                self.owned -= tps
                 self.tracker.forget(tps)
                 for job in self.jobs.values():
                     if job.sources:
                         job.sources = [src for src in job.sources if src[0] not in tps]
-        if changed:
+            else:
+                self.owned |= tps
+                assigned = True
+        if assigned:
             self._release_orphans()
 
     def _release_orphans(self) -> None:
-        """Running work whose partition went to another worker is handed back (that worker
-        redoes it); work whose partition came back to us waits for its redelivery."""
-        mine = self.consumer.assignment()
+        """After an assignment: running work whose partition went to another worker is
+        handed back (that worker redoes it); work whose partition came back to us keeps
+        running and waits for its redelivery to attach (see _receive)."""
         for job in list(self.jobs.values()):
-            if not job.sources and job.home not in mine and not job.handed_back:
+            if not job.sources and job.home not in self.owned and not job.handed_back:
                 self.hand_back(job)
 
     def hand_back(self, job: Job) -> None:

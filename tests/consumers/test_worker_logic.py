@@ -323,3 +323,31 @@ def test_a_final_too_large_for_kafka_becomes_a_small_error_final(broker, tmp_pat
     finally:
         client.close()
         _stop(worker)
+
+
+def test_work_of_a_partition_that_moved_away_is_handed_back(fake_worker):
+    """After a rebalance that gives the partition to another worker, a running request is
+    aborted and publishes nothing (the new owner redoes it from the uncommitted offset);
+    one whose partition comes back keeps running and settles when its redelivery does."""
+    settings, engine, worker, client = fake_worker
+    intake = worker.intake
+    tp = TopicPartition(settings.topic_requests, 0)
+    _submit(client, "m0", "m1")
+    _spin(worker, lambda: len(engine.requests) == 2)
+    mine = set(intake.consumer.assignment())
+    intake._rebalances.put(("revoked", mine))       # everything revoked; the requests topic's
+    intake._rebalances.put(("assigned", mine - {tp}))  # partition goes to another worker
+    _spin(worker, lambda: engine.aborted == {"m0", "m1"} and not intake.jobs)
+    assert worker.metrics["handed_back"] == 2 and worker.metrics["cancelled"] == 0
+    engine.aborted.clear()
+    intake._rebalances.put(("assigned", {tp}))      # ... and comes back later
+    intake.consumer.seek(tp, 0)
+    _spin(worker, lambda: engine.added.count("m0") == 2)  # redone, as a new attempt
+    engine.released |= {"m0", "m1"}
+    _spin(worker, lambda: not intake.jobs)
+    intake.commit()
+    assert _committed(settings, tp) == 2
+    finals = [decode_result(r.value) for r in read_topic(settings, settings.topic_results)]
+    finals = [e for e in finals if e.type == "final"]
+    assert sorted(e.request_id for e in finals) == ["m0", "m1"]   # one final each, the redo's
+    assert all(e.finish_reason == "length" for e in finals)
