@@ -48,7 +48,10 @@ def test_a_worker_joining_mid_run_loses_nothing_and_finishes_nothing_twice(broke
     url = f"sqlite:///{tmp_path / 'inflight.db'}"
     store = Store(url, create=True)
     settings = make_settings(broker, url, partitions=4, worker_max_inflight=8)
-    prompts = [f"one two three {w}" for w in "red green blue yellow purple orange".split()] * 4
+    # 40 requests, 8 at a time: ~5 rounds of ~1 s; B joins after the first (a join takes
+    # 1-3 s on Tansu, more on a loaded machine)
+    prompts = ([f"one two three {w}" for w in "red green blue yellow purple orange".split()]
+               * 7)[:40]
     params = SamplingParams(max_tokens=100, ignore_eos=True, temperature=0)  # ~1 s each
     a = Service(settings, slowed(tiny_engine(tiny_model, max_num_seqs=8), 0.01), store)
     client = Client(settings, store=store)
@@ -56,7 +59,7 @@ def test_a_worker_joining_mid_run_loses_nothing_and_finishes_nothing_twice(broke
     try:
         ids = client.submit_many(prompts, params, progress=False)
         deadline = time.monotonic() + 60
-        while a.worker.metrics["completed"] < 8:        # A runs its second 8 ...
+        while a.worker.metrics["completed"] < 8:        # A is into its second round ...
             assert time.monotonic() < deadline, a.worker.metrics.summary()
             time.sleep(0.02)
         b = Service(settings, slowed(tiny_engine(tiny_model, max_num_seqs=8), 0.01), store,
