@@ -26,6 +26,14 @@ DEMO_PROMPTS = [
     "List three prime numbers.",
 ]
 
+# How to try the HTTP API against a running broker, worker and recorder (README: HTTP API).
+API_HINT = """the same over HTTP (api/; OpenAI-compatible, OpenAPI at /openapi.json):
+  KEY=$(inflight keys create me --json | python -c 'import json,sys; print(json.load(sys.stdin)["key"])')
+  inflight api --port 8000 &
+  curl -s -H "Authorization: Bearer $KEY" localhost:8000/v1/requests -d '{"prompt": "Hi", "params": {"max_tokens": 16}}'
+  curl -s -H "Authorization: Bearer $KEY" localhost:8000/v1/requests/ID     # poll; /events streams (SSE)
+  or OpenAI(base_url="http://localhost:8000/v1", api_key=KEY).chat.completions.create(...)"""
+
 
 def run(args: Any, settings: Settings) -> int:
     logging.getLogger("inflight").setLevel(logging.WARNING)
@@ -108,6 +116,7 @@ def run(args: Any, settings: Settings) -> int:
             elapsed = time.monotonic() - t0
             say(f"demo: {'ok' if ok else 'FAILED'} in {elapsed:.1f}s — try `inflight result ID` "
                 f"against INFLIGHT_DATABASE_URL={db_url} while it runs with --data-dir")
+            say(API_HINT)
             if as_json:
                 print(orjson.dumps({"ok": ok, "seconds": round(elapsed, 2), "results": rows}).decode())
         finally:

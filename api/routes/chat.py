@@ -103,6 +103,30 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
+class SentText:
+    """What a chunk stream has sent, across attempts.
+
+    Client.stream starts the text over (a delta with index 0) when a request is redone on
+    another worker. Sent chunks cannot be taken back, so the new attempt's text is sent
+    only past what was already sent, and only while it repeats that text exactly (greedy or
+    seeded sampling does); a redo that writes something else ends the stream with an error.
+    """
+
+    def __init__(self) -> None:
+        self.sent = ""
+        self.current = ""
+
+    def feed(self, event: TokenEvent) -> str | None:
+        """The text to send now ("" for nothing), or None when the redo diverged."""
+        if event.index == 0:
+            self.current = ""
+        self.current += event.text
+        if self.current.startswith(self.sent):
+            delta, self.sent = self.current[len(self.sent):], self.current
+            return delta
+        return "" if self.sent.startswith(self.current) else None
+
+
 async def _next(ctx: ApiContext, events: AsyncIterator[Any]) -> Any:
     try:
         return await events.__anext__()
@@ -120,14 +144,22 @@ async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any,
     def data(body: dict[str, Any]) -> bytes:
         return sse(None, orjson.dumps(body))
 
+    text = SentText()
     try:
         yield data(chunk(rid, model, created, {"role": "assistant", "content": ""},
                          with_usage=include_usage))
         event = first
         while True:
             if isinstance(event, TokenEvent):
-                if event.text:
-                    yield data(chunk(rid, model, created, {"content": event.text},
+                delta = text.feed(event)
+                if delta is None:
+                    yield data({"error": {"message": "the request was redone on another "
+                                          "worker and wrote a different text; retry it",
+                                          "type": "server_error", "param": None,
+                                          "code": "restarted"}})
+                    break
+                if delta:
+                    yield data(chunk(rid, model, created, {"content": delta},
                                      with_usage=include_usage))
             elif isinstance(event, FinalEvent):
                 finished = True
