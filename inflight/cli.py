@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     from inflight import commands  # service subcommands: submit, result, stream, worker, recorder, demo
 
     commands.register(sub)
+    from inflight import batch_commands  # batch create|status|list|cancel|results, jobs
+
+    batch_commands.register(sub)
     return p
 
 
