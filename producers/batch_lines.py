@@ -125,7 +125,9 @@ class LineChecker:
                                   field="url", request_id=rid)
             req = openai_batch_request(obj, data, **kw)
             where = "body.max_tokens"
-        if self.context is not None:
+        # NOTE: only a max_tokens the line sets is checked; the default is capped by the
+        # engine at the context length, as OpenAI's default fills the remaining context.
+        if self.context is not None and "max_tokens" in req.params.model_fields_set:
             n_ids = len(req.prompt_token_ids or ())
             if req.params.max_tokens + n_ids > self.context:
                 extra = f" plus {n_ids} prompt tokens" if n_ids else ""
