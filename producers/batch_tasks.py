@@ -80,7 +80,7 @@ def worker_app(settings: Settings, *, model_dir: Path | None = None,
     res = _Resources(settings, model_dir, name)
     app.inflight_resources = res  # type: ignore[attr-defined]
 
-    @app.task(name=ENQUEUE_TASK, bind=True, max_retries=None)
+    @app.task(name=ENQUEUE_TASK, bind=True, max_retries=None, shared=False)
     def enqueue(self: Any, batch_id: str) -> str:
         try:
             outcome = validate_and_enqueue(res.ctx(), batch_id)
@@ -98,7 +98,7 @@ def worker_app(settings: Settings, *, model_dir: Path | None = None,
         log.info("enqueue %s: %s", batch_id, outcome)
         return outcome
 
-    @app.task(name=SWEEP_TASK)
+    @app.task(name=SWEEP_TASK, shared=False)
     def sweep_task() -> dict[str, Any]:
         report = sweep(res.ctx(), dispatch_enqueue=lambda bid: send_enqueue(app, bid))
         if report.completed or report.expired or report.cancelled or report.redispatched:
