@@ -5,8 +5,10 @@ The engine knows nothing of Kafka; these few conversions are the worker's edge.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from consumers.gpu_claim import AUTO, claim_gpu
 from schemas import InferenceRequest, Settings
 
 
@@ -19,6 +21,29 @@ def engine_params(req: InferenceRequest) -> Any:
                                 stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos)
 
 
+# Settings field -> EngineConfig field, for the engine knobs a deployment sets from
+# INFLIGHT_* (None in Settings = keep the engine's own default).
+ENGINE_SETTINGS = ("device", "dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                   "kv_cache_bytes", "block_size", "enable_prefix_caching", "kernels")
+
+
+def engine_overrides(settings: Settings, *, max_num_seqs: int | None = None,
+                     kv_cache_mb: int | None = None, device: str | None = None,
+                     dtype: str | None = None) -> dict[str, Any]:
+    """EngineConfig keyword arguments from the settings; explicit arguments (the worker's
+    command-line flags) win. `max_num_seqs` falls back to the worker's in-flight limit."""
+    kw: dict[str, Any] = {name: getattr(settings, name) for name in ENGINE_SETTINGS
+                          if getattr(settings, name) is not None}
+    kw["max_num_seqs"] = max_num_seqs or settings.max_num_seqs or settings.worker_max_inflight
+    if kv_cache_mb:
+        kw["kv_cache_bytes"] = kv_cache_mb << 20
+    if device:
+        kw["device"] = device
+    if dtype:
+        kw["dtype"] = dtype
+    return kw
+
+
 def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: int | None = None,
                  kv_cache_mb: int | None = None, device: str | None = None,
                  dtype: str | None = None) -> Any:
@@ -26,11 +51,15 @@ def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: 
     from inflight.model import resolve_model
 
     path = resolve_model(model, settings)
-    kw: dict[str, Any] = {"model": str(path), "max_num_seqs": max_num_seqs or settings.worker_max_inflight}
-    if kv_cache_mb:
-        kw["kv_cache_bytes"] = kv_cache_mb << 20
-    if device:
-        kw["device"] = device
-    if dtype:
-        kw["dtype"] = dtype
-    return Engine(EngineConfig(**kw))
+    kw = engine_overrides(settings, max_num_seqs=max_num_seqs, kv_cache_mb=kv_cache_mb,
+                          device=device, dtype=dtype)
+    claim = None
+    if kw.get("device") == AUTO:
+        import torch
+
+        index, claim = claim_gpu(settings.gpu_lock_dir or Path(settings.data_dir) / "gpu-locks",
+                                 torch.cuda.device_count())
+        kw["device"] = f"cuda:{index}"
+    engine = Engine(EngineConfig(model=str(path), **kw))
+    engine.device_claim = claim  # NOTE: keeps the GPU's lock file open as long as the engine lives
+    return engine

@@ -1,22 +1,37 @@
-"""Counters for the worker and the recorder: a periodic one-line summary and an optional
-Prometheus text endpoint (`GET /metrics`).
+"""Counters of the worker and the recorder: a periodic one-line summary and a Prometheus
+endpoint (`GET /metrics`), both from one `prometheus_client` registry per instance.
 
-Counters only go up; gauges are set. Both are plain ints read by the HTTP thread without
-locks (a torn read of an int cannot happen in CPython).
+`inc`/`set` keep a plain dict for the summary line and `metrics[name]`, and update the
+registry's `inflight_<component>_<name>_total` counters / `inflight_<component>_<name>`
+gauges. Components add their own metrics to `self.registry` (consumers.engine_metrics:
+vLLM's names for the engine; consumers.lag: consumer lag per partition; the recorder's
+batch size and commit latency histograms below).
+
+NOTE: no global registry: two workers in one process (tests) never share a metric.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 log = logging.getLogger("inflight.metrics")
 
 COUNTERS = ("received", "admitted", "completed", "failed", "cancelled", "dlq", "duplicates",
             "tokens_out", "commits", "rows_written", "db_retries")
 GAUGES = ("in_flight", "paused_partitions", "commit_lag")
+DOC = {
+    "received": "messages polled from Kafka", "admitted": "requests handed to the engine",
+    "completed": "requests that ended with a result", "failed": "requests that ended with an error",
+    "cancelled": "requests cancelled or aborted", "dlq": "raw messages sent to the dead-letter topic",
+    "duplicates": "messages whose request id was in flight or recently finished",
+    "tokens_out": "output tokens published", "commits": "offset commits",
+    "rows_written": "rows upserted into the store", "db_retries": "database writes retried",
+    "in_flight": "requests held in memory", "paused_partitions": "partitions paused for backpressure",
+    "commit_lag": "polled offsets not yet committable (waiting for final acks)",
+}
 
 
 class Metrics:
@@ -24,18 +39,32 @@ class Metrics:
         self.component = component
         self.values: dict[str, float] = dict.fromkeys(COUNTERS + GAUGES, 0)
         self.interval_s = interval_s
+        self.registry = CollectorRegistry()
+        self.port: int | None = None
+        self._counters = {n: Counter(f"inflight_{component}_{n}", DOC[n], registry=self.registry)
+                          for n in COUNTERS}
+        self._gauges = {n: Gauge(f"inflight_{component}_{n}", DOC[n], registry=self.registry)
+                        for n in GAUGES}
         self._last_summary = time.monotonic()
-        self._server: ThreadingHTTPServer | None = None
+        self._server = None
 
     def inc(self, name: str, n: float = 1) -> None:
         self.values[name] += n
+        self._counters[name].inc(n)
 
     def set(self, name: str, value: float) -> None:
         self.values[name] = value
+        self._gauges[name].set(value)
 
     def __getitem__(self, name: str) -> float:
         return self.values[name]
 
+    def histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        """A histogram `inflight_<component>_<name>` in this instance's registry."""
+        return Histogram(f"inflight_{self.component}_{name}", doc, buckets=buckets,
+                         registry=self.registry)
+
+    # -- output ---------------------------------------------------------------------------
     def summary(self) -> str:
         v = self.values
         return (f"{self.component}: received={v['received']} admitted={v['admitted']} "
@@ -54,38 +83,14 @@ class Metrics:
             log.info("%s", self.summary())
 
     def prometheus(self) -> str:
-        lines = []
-        for name in COUNTERS:
-            metric = f"inflight_{self.component}_{name}_total"
-            lines += [f"# TYPE {metric} counter", f"{metric} {self.values[name]}"]
-        for name in GAUGES:
-            metric = f"inflight_{self.component}_{name}"
-            lines += [f"# TYPE {metric} gauge", f"{metric} {self.values[name]}"]
-        return "\n".join(lines) + "\n"
+        """The exposition text the endpoint serves."""
+        return generate_latest(self.registry).decode()
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Start the /metrics endpoint in a daemon thread; returns the bound port (0 = any)."""
-        metrics = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                if self.path.rstrip("/") not in ("/metrics", ""):
-                    self.send_error(404, "try /metrics")
-                    return
-                body = metrics.prometheus().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        threading.Thread(target=self._server.serve_forever, name=f"{self.component}-metrics",
-                         daemon=True).start()
-        return self._server.server_address[1]
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self.port = self._server.server_port
+        return self.port
 
     def close(self) -> None:
         if self._server is not None:

@@ -25,6 +25,7 @@ from kafka.structs import OffsetAndMetadata
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from consumers.kafka_io import LRUSet, group_consumer
+from consumers.lag import LagProbe
 from consumers.metrics import Metrics
 from schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent, TokenEvent,
                      decode_request, decode_result)
@@ -34,6 +35,8 @@ from store import Store, error_row, final_row, queued_row, running_row
 log = logging.getLogger("inflight.recorder")
 
 BACKOFF_START_S, BACKOFF_MAX_S = 0.2, 5.0
+BATCH_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+COMMIT_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # How `schemas.encode(TokenEvent)` starts: lets the recorder skip most token events undecoded.
 _TOKEN_PREFIX = b'{"type":"token"'
 
@@ -67,6 +70,12 @@ class Recorder:
         self.settings = settings
         self.store = store or Store.embedded(settings.database_url)
         self.metrics = metrics or Metrics("recorder", settings.metrics_interval_s)
+        self.batch_size = self.metrics.histogram("batch_size", "rows per store upsert",
+                                                 BATCH_SIZE_BUCKETS)
+        self.commit_latency = self.metrics.histogram(
+            "commit_latency_seconds", "seconds per store upsert + database commit",
+            COMMIT_LATENCY_BUCKETS)
+        self.lag: LagProbe | None = None
         self.running_seen = LRUSet(100_000)
         self.consumer = None
         self._stopping = False
@@ -82,9 +91,12 @@ class Recorder:
         s = self.settings
         self.consumer = group_consumer(s, s.recorder_group,
                                        max_poll_records=s.recorder_batch_size)
-        self.consumer.subscribe([s.topic_requests, s.topic_requests_batch, s.topic_results])
+        topics = [s.topic_requests, s.topic_requests_batch, s.topic_results]
+        self.consumer.subscribe(topics)
         if s.metrics_port is not None:
-            self.metrics.serve(s.metrics_port + 1)
+            self.metrics.serve(s.metrics_port + 1, s.metrics_host)
+            self.lag = LagProbe(s, s.recorder_group, topics, self.metrics.registry,
+                                s.metrics_lag_interval_s).start()
         log.info("recorder: group=%s database=%s", s.recorder_group, self.store.url.split("@")[-1])
         return self
 
@@ -164,7 +176,10 @@ class Recorder:
         delay = BACKOFF_START_S
         while True:
             try:
+                started = time.perf_counter()
                 self.store.upsert_requests(rows)
+                self.commit_latency.observe(time.perf_counter() - started)
+                self.batch_size.observe(len(rows))
                 self.metrics.inc("rows_written", len(rows))
                 return True
             except StoreError as exc:
@@ -215,6 +230,9 @@ class Recorder:
             log.warning("recorder commit failed (%s)", exc)
 
     def close(self) -> None:
+        if self.lag is not None:
+            self.lag.close()
+            self.lag = None
         if self.consumer is not None:
             try:
                 self.consumer.close(autocommit=False)

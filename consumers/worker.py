@@ -35,7 +35,9 @@ from kafka.structs import OffsetAndMetadata
 
 from consumers.cancel import CancelListener
 from consumers.engine_bridge import build_engine, engine_params
+from consumers.engine_metrics import EngineMetrics
 from consumers.kafka_io import LRUSet, group_consumer, producer
+from consumers.lag import LagProbe
 from consumers.metrics import Metrics
 from consumers.offsets import OffsetTracker
 from schemas import (ERR_ENGINE, ERR_INVALID_REQUEST,
@@ -46,6 +48,7 @@ from schemas.errors import InflightError
 log = logging.getLogger("inflight.worker")
 
 COMMIT_EVERY_S = 0.2
+ENGINE_STATS_EVERY_S = 0.25  # Engine.stats() into the metrics gauges
 RECENT_IDS = 100_000  # finished request ids remembered to skip duplicates
 
 
@@ -89,6 +92,11 @@ class Worker:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.max_inflight = max_inflight or settings.worker_max_inflight
         self.metrics = metrics or Metrics("worker", settings.metrics_interval_s)
+        model = getattr(getattr(engine, "config", None), "model", None)
+        self.engine_metrics = EngineMetrics(self.metrics.registry,
+                                            os.path.basename(str(model)) if model else "unknown")
+        self._last_stats = 0.0
+        self.lag: LagProbe | None = None
         self.inflight: dict[str, InFlight] = {}
         self.tracker = OffsetTracker()
         self.recent = LRUSet(RECENT_IDS)
@@ -123,8 +131,10 @@ class Worker:
                                 listener=_Rebalance(self))
         self.cancels = CancelListener(s, since=self._started_at)
         if s.metrics_port is not None:
-            port = self.metrics.serve(s.metrics_port)
-            log.info("worker metrics on http://127.0.0.1:%d/metrics", port)
+            port = self.metrics.serve(s.metrics_port, s.metrics_host)
+            log.info("worker metrics on http://%s:%d/metrics", s.metrics_host, port)
+            self.lag = LagProbe(s, s.worker_group, [s.topic_requests, s.topic_requests_batch],
+                                self.metrics.registry, s.metrics_lag_interval_s).start()
         log.info("worker %s: group=%s topics=%s,%s max_inflight=%d", self.name, s.worker_group,
                  s.topic_requests, s.topic_requests_batch, self.max_inflight)
         return self
@@ -151,13 +161,13 @@ class Worker:
         self.metrics.maybe_log()
 
     def close(self) -> None:
-        for closer in (self.cancels, self.consumer, self.producer):
+        for closer in (self.lag, self.cancels, self.consumer, self.producer):
             if closer is not None:
                 try:
                     closer.close()
                 except Exception:  # noqa: BLE001 - closing must not mask the real error
                     log.exception("closing %s failed", type(closer).__name__)
-        self.cancels = self.consumer = self.producer = None
+        self.lag = self.cancels = self.consumer = self.producer = None
         self.metrics.close()
 
     def _shutdown(self) -> None:
@@ -259,6 +269,7 @@ class Worker:
         self.inflight[rid] = InFlight(req, [(tp, rec.offset)], now, raw=rec.value,
                                       headers=list(rec.headers or []))
         self.metrics.inc("admitted")
+        self.engine_metrics.observe_queue_time(now - req.submitted_at)
         self.max_seen_inflight = max(self.max_seen_inflight, len(self.inflight))
 
     # -- cancel -----------------------------------------------------------------------------
@@ -269,7 +280,9 @@ class Worker:
 
     # -- engine step ------------------------------------------------------------------------
     def _step(self) -> None:
-        for out in self.engine.step():
+        outputs = self.engine.step()
+        self.engine_metrics.observe_outputs(outputs, time.time())
+        for out in outputs:
             entry = self.inflight.get(out.request_id)
             if entry is None:
                 continue
@@ -405,6 +418,10 @@ class Worker:
     def _update_gauges(self) -> None:
         self.metrics.set("in_flight", len(self.inflight))
         self.metrics.set("commit_lag", self.tracker.lag)
+        now = time.monotonic()
+        if now - self._last_stats >= ENGINE_STATS_EVERY_S and hasattr(self.engine, "stats"):
+            self._last_stats = now
+            self.engine_metrics.observe_stats(self.engine.stats())
 
     # -- rebalance --------------------------------------------------------------------------
     def _handle_revoked(self) -> None:

@@ -46,18 +46,21 @@ def request_id_for(batch_id: str, custom_id: str) -> str:
 def context_length(settings: Settings, model_dir: Path | None = None) -> int | None:
     """The model's context length without loading it: INFLIGHT_BATCH_CONTEXT_LENGTH, else
     max_position_embeddings from config.json in INFLIGHT_MODEL_PATH (or `model_dir`, the
-    bundled model's folder that the CLI passes); None when neither is known."""
+    bundled model's folder that the CLI passes), capped by INFLIGHT_MAX_MODEL_LEN as the
+    workers cap it; None when nothing is known."""
     if settings.batch_context_length is not None:
         return settings.batch_context_length
+    cap = settings.max_model_len
     folder = Path(settings.model_path) if settings.model_path else model_dir
     if folder is None or not (folder / "config.json").is_file():
-        return None
+        return cap
     try:
         cfg = json.loads((folder / "config.json").read_text())
-        return int(cfg["max_position_embeddings"])
+        length = int(cfg["max_position_embeddings"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"cannot read max_position_embeddings from {folder / 'config.json'}: "
                           f"{exc}; set INFLIGHT_BATCH_CONTEXT_LENGTH") from exc
+    return min(length, cap) if cap is not None else length
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,20 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=_cache_dir)
     data_dir: Path = Field(default_factory=_data_dir)
     max_prompt_chars: int = 200_000
+    # Engine knobs of a worker (EngineConfig fields; None = the engine's own default).
+    # A GPU worker: INFLIGHT_DEVICE=cuda INFLIGHT_DTYPE=bfloat16 (or `inflight worker
+    # --device cuda --dtype bfloat16`). The CLI flags win over these.
+    device: str | None = None  # cpu | cuda | cuda:N (engine default: cpu)
+    dtype: str | None = None  # float32 | bfloat16 | float16 (engine default: float32)
+    max_num_seqs: int | None = None  # requests running at once (None = worker_max_inflight)
+    max_num_batched_tokens: int | None = None  # token budget of one forward pass (2048)
+    max_model_len: int | None = None  # context cap (None = the checkpoint's)
+    kv_cache_bytes: int | None = None  # KV budget in bytes (engine default: 1 GiB)
+    block_size: int | None = None  # tokens per KV block (16)
+    enable_prefix_caching: bool = True
+    kernels: str | None = None  # torch | triton (None = triton on CUDA, torch on CPU)
+    # --device cuda:auto: workers of one host claim distinct GPUs through lock files here
+    gpu_lock_dir: Path | None = None  # None = <data_dir>/gpu-locks
 
     # --- batch jobs ----------------------------------------------------------------
     # Celery broker: redis://host:6379/0 in production. None = the embedded transport
@@ -73,11 +87,13 @@ class Settings(BaseSettings):
 
     # --- worker ----------------------------------------------------------------------
     worker_max_inflight: int = 64
-    metrics_port: int | None = None
+    metrics_port: int | None = None  # worker's /metrics port; the recorder serves on port + 1
+    metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a container, so Prometheus can scrape it
     # Idempotent producers break on Tansu after a broker restart: off unless asked for.
     kafka_enable_idempotence: bool = False
     worker_drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work for this long, then hand back
     metrics_interval_s: float = 10.0  # one-line summary period (0 = never)
+    metrics_lag_interval_s: float = 5.0  # consumer-lag probe period (only with a metrics port)
     recorder_batch_size: int = 500
     # token deltas: one event per request carries every token since its last one, flushed
     # every stream_interval_ms or as soon as it holds stream_max_tokens tokens

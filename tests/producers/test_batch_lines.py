@@ -103,6 +103,7 @@ def test_context_length_without_loading_the_model(tmp_path):
     assert context_length(Settings(model_path=str(tmp_path))) == 4096
     assert context_length(Settings(), model_dir=tmp_path) == 4096
     assert context_length(Settings(), model_dir=tmp_path / "missing") is None
+    assert context_length(Settings(max_model_len=1024), model_dir=tmp_path) == 1024
 
 
 _DONE = {"status": "completed", "output": "hello", "finish_reason": "length",

@@ -1,0 +1,107 @@
+"""The engine's metrics under vLLM's names, so existing vLLM dashboards and alerts apply.
+
+Fed from the thread that steps the engine (the engine is not thread-safe, so the HTTP
+thread never touches it): `observe_outputs()` after every step (histograms and token
+counters from `RequestOutput` timings), `observe_stats()` every so often (gauges and
+counters from `Engine.stats()`). Times are `time.time()` seconds, as in RequestOutput.
+
+Meanings (as vLLM's): arrival = the engine received the request (the worker admitted it);
+TTFT = first token - arrival; inter-token latency = time between two token outputs of a
+request; e2e = finish - arrival; queue time = submitted (client clock) -> admitted, i.e.
+the time a request waited in Kafka or behind a paused partition (observed by the worker's
+intake through `observe_queue_time`); prompt tokens are counted once per request, at its
+first token, cached ones included; generation tokens are the output tokens produced.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Buckets in the spirit of vLLM's (sub-second to tens of minutes), so its dashboards read well.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISHED = ("stop", "length", "abort", "error")
+
+
+class EngineMetrics:
+    def __init__(self, registry: CollectorRegistry, model_name: str):
+        labels = ["model_name"]
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, labels, registry=registry).labels(model_name)
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, labels, registry=registry).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, doc, labels, buckets=buckets, registry=registry).labels(model_name)
+
+        self.running = gauge("vllm:num_requests_running", "requests in the running batch")
+        self.waiting = gauge("vllm:num_requests_waiting", "requests waiting to be scheduled")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent")
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
+                                      "prefix cache queries, in tokens")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "prefix cache hits, in tokens")
+        self.preemptions = counter("vllm:num_preemptions", "cumulative preemptions")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "prefill tokens processed")
+        self.generation_tokens = counter("vllm:generation_tokens", "generation tokens processed")
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "time to first token",
+                              TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "inter-token latency", ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "end-to-end request latency",
+                             REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds",
+                                    "time a request waited before the engine received it",
+                                    REQUEST_LATENCY_BUCKETS)
+        success = Counter("vllm:request_success", "finished requests by finish reason",
+                          ["model_name", "finished_reason"], registry=registry)
+        self.success = {reason: success.labels(model_name, reason) for reason in FINISHED}
+        self._last_token_at: dict[str, float] = {}
+        self._totals = {"prefix_cache_queries": 0, "prefix_cache_hit_tokens": 0, "preemptions": 0}
+
+    def observe_outputs(self, outputs: Iterable[Any], now: float) -> None:
+        """One step's RequestOutputs; `now` = when the step returned."""
+        last = self._last_token_at
+        for out in outputs:
+            rid = out.request_id
+            n = len(out.new_token_ids)
+            if n:
+                self.generation_tokens.inc(n)
+                prev = last.get(rid)
+                if prev is None:
+                    first = out.first_token_time or now
+                    self.ttft.observe(max(0.0, first - out.arrival_time))
+                    self.prompt_tokens.inc(out.num_prompt_tokens)
+                    last[rid] = first
+                else:
+                    self.itl.observe(max(0.0, now - prev))
+                    last[rid] = now
+            if out.finished:
+                last.pop(rid, None)
+                reason = out.finish_reason if out.finish_reason in self.success else "error"
+                self.success[reason].inc()
+                if reason != "error" and out.finish_time is not None:
+                    self.e2e.observe(max(0.0, out.finish_time - out.arrival_time))
+
+    def observe_queue_time(self, seconds: float) -> None:
+        self.queue_time.observe(max(0.0, seconds))
+
+    def observe_stats(self, stats: dict[str, Any]) -> None:
+        """An `Engine.stats()` snapshot: gauges set, cumulative counts turned into increments."""
+        self.running.set(stats.get("running", 0))
+        self.waiting.set(stats.get("waiting", 0))
+        total = stats.get("kv_blocks_total") or 0
+        self.kv_usage.set(stats.get("kv_blocks_used", 0) / total if total else 0.0)
+        for key, counter in (("prefix_cache_queries", self.prefix_queries),
+                             ("prefix_cache_hit_tokens", self.prefix_hits),
+                             ("preemptions", self.preemptions)):
+            value = stats.get(key, 0)
+            if value > self._totals[key]:
+                counter.inc(value - self._totals[key])
+            self._totals[key] = value

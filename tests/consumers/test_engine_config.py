@@ -1,0 +1,86 @@
+"""Engine knobs from INFLIGHT_* (Settings) into EngineConfig; `--device cuda:auto` claims."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from consumers.engine_bridge import ENGINE_SETTINGS, build_engine, engine_overrides
+from consumers.gpu_claim import claim_gpu
+from schemas import Settings
+from schemas.errors import ConfigError
+
+
+def test_every_engine_knob_comes_from_the_environment(monkeypatch):
+    from engine import EngineConfig
+
+    env = {"INFLIGHT_DEVICE": "cuda", "INFLIGHT_DTYPE": "bfloat16", "INFLIGHT_MAX_NUM_SEQS": "128",
+           "INFLIGHT_MAX_NUM_BATCHED_TOKENS": "4096", "INFLIGHT_MAX_MODEL_LEN": "1024",
+           "INFLIGHT_KV_CACHE_BYTES": str(3 << 30), "INFLIGHT_BLOCK_SIZE": "32",
+           "INFLIGHT_ENABLE_PREFIX_CACHING": "false", "INFLIGHT_KERNELS": "triton"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    kw = engine_overrides(Settings())
+    cfg = EngineConfig(model="unused", **kw)  # every key is a real EngineConfig field
+    assert (cfg.device, cfg.dtype, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len,
+            cfg.kv_cache_bytes, cfg.block_size, cfg.enable_prefix_caching, cfg.kernels) == (
+        "cuda", "bfloat16", 128, 4096, 1024, 3 << 30, 32, False, "triton")
+    assert set(ENGINE_SETTINGS) <= set(EngineConfig.__dataclass_fields__)
+
+
+def test_defaults_and_flag_precedence():
+    s = Settings(worker_max_inflight=48)
+    # everything else: the engine defaults
+    assert engine_overrides(s) == {"max_num_seqs": 48, "enable_prefix_caching": True}
+    s = Settings(device="cpu", dtype="float32", kv_cache_bytes=1 << 20, max_num_seqs=8)
+    kw = engine_overrides(s, device="cuda", dtype="float16", kv_cache_mb=64, max_num_seqs=4)
+    assert kw["device"] == "cuda" and kw["dtype"] == "float16"
+    assert kw["kv_cache_bytes"] == 64 << 20 and kw["max_num_seqs"] == 4
+
+
+def test_build_engine_uses_settings(tiny_model):
+    s = Settings(block_size=8, max_num_batched_tokens=64, enable_prefix_caching=False,
+                 kv_cache_bytes=1 << 20)
+    engine = build_engine(s, str(tiny_model))
+    assert (engine.config.block_size, engine.config.max_num_batched_tokens) == (8, 64)
+    assert engine.config.enable_prefix_caching is False and engine.config.kv_cache_bytes == 1 << 20
+
+
+def test_claim_gpu_hands_out_distinct_devices(tmp_path):
+    first, h0 = claim_gpu(tmp_path, 2)
+    second, h1 = claim_gpu(tmp_path, 2)
+    assert (first, second) == (0, 1)
+    with pytest.raises(ConfigError, match="at most 2 workers"):
+        claim_gpu(tmp_path, 2)
+    h0.close()  # a worker that stops frees its GPU
+    again, h2 = claim_gpu(tmp_path, 2)
+    assert again == 0
+    h1.close()
+    h2.close()
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        claim_gpu(tmp_path, 0)
+
+
+def test_claim_survives_kill_9_of_the_holder(tmp_path):
+    """The kernel drops the lock of a killed process: its GPU is free for the restart."""
+    code = textwrap.dedent(f"""
+        import sys, time
+        from consumers.gpu_claim import claim_gpu
+        index, handle = claim_gpu({str(tmp_path)!r}, 1)
+        print(index, flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "0"
+        with pytest.raises(ConfigError):
+            claim_gpu(tmp_path, 1)
+    finally:
+        proc.kill()
+        proc.wait()
+    index, handle = claim_gpu(tmp_path, 1)
+    assert index == 0
+    handle.close()

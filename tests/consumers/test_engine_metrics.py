@@ -1,0 +1,87 @@
+"""vLLM-named engine metrics from RequestOutputs and Engine.stats() (no broker needed)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from consumers.engine_metrics import EngineMetrics
+from engine.outputs import RequestOutput
+
+
+def value(reg: CollectorRegistry, name: str, **labels) -> float:
+    got = reg.get_sample_value(name, {"model_name": "m", **labels})
+    assert got is not None, f"{name} {labels} is not exported"
+    return got
+
+
+def out(rid, new, *, finished=False, reason=None, arrival=100.0, first=None, finish=None,
+        prompt=5):
+    return RequestOutput(rid, list(new), "", list(new), "", finished, reason,
+                         num_prompt_tokens=prompt, arrival_time=arrival, first_token_time=first,
+                         finish_time=finish)
+
+
+def test_latency_histograms_and_token_counters_follow_the_outputs():
+    reg = CollectorRegistry()
+    m = EngineMetrics(reg, "m")
+    m.observe_outputs([out("a", [1], first=100.5), out("b", [7], first=100.5, prompt=3)], 100.5)
+    m.observe_outputs([out("a", [2], first=100.5)], 100.7)
+    m.observe_outputs([out("a", [3], first=100.5, finished=True, reason="length", finish=101.0),
+                       out("b", [], first=100.5, finished=True, reason="abort", finish=100.9)], 101.0)
+    m.observe_outputs([out("c", [], finished=True, reason="error", finish=101.0)], 101.0)
+    assert value(reg, "vllm:time_to_first_token_seconds_count") == 2
+    assert value(reg, "vllm:time_to_first_token_seconds_sum") == 1.0  # 0.5 + 0.5
+    assert value(reg, "vllm:inter_token_latency_seconds_count") == 2  # a: 100.5->100.7->101.0
+    assert abs(value(reg, "vllm:inter_token_latency_seconds_sum") - 0.5) < 1e-9
+    assert value(reg, "vllm:e2e_request_latency_seconds_count") == 2  # a and b; not the error
+    assert abs(value(reg, "vllm:e2e_request_latency_seconds_sum") - 1.9) < 1e-9
+    assert value(reg, "vllm:prompt_tokens_total") == 8  # once per request, at its first token
+    assert value(reg, "vllm:generation_tokens_total") == 4
+    assert value(reg, "vllm:request_success_total", finished_reason="length") == 1
+    assert value(reg, "vllm:request_success_total", finished_reason="abort") == 1
+    assert value(reg, "vllm:request_success_total", finished_reason="error") == 1
+    assert m._last_token_at == {}  # nothing kept for finished requests
+    m.observe_queue_time(0.25)
+    m.observe_queue_time(-1.0)  # client clock ahead: clipped
+    assert value(reg, "vllm:request_queue_time_seconds_count") == 2
+    assert value(reg, "vllm:request_queue_time_seconds_sum") == 0.25
+
+
+def test_stats_become_gauges_and_monotonic_counters():
+    reg = CollectorRegistry()
+    m = EngineMetrics(reg, "m")
+    stats = {"running": 3, "waiting": 2, "kv_blocks_total": 100, "kv_blocks_used": 25,
+             "prefix_cache_queries": 64, "prefix_cache_hit_tokens": 32, "preemptions": 1}
+    m.observe_stats(stats)
+    m.observe_stats({**stats, "running": 1, "waiting": 0, "kv_blocks_used": 5,
+                     "prefix_cache_queries": 96, "prefix_cache_hit_tokens": 48, "preemptions": 1})
+    assert value(reg, "vllm:num_requests_running") == 1
+    assert value(reg, "vllm:num_requests_waiting") == 0
+    assert value(reg, "vllm:kv_cache_usage_perc") == 0.05
+    assert value(reg, "vllm:prefix_cache_queries_total") == 96
+    assert value(reg, "vllm:prefix_cache_hits_total") == 48
+    assert value(reg, "vllm:num_preemptions_total") == 1
+
+
+def test_the_real_engine_feeds_them(tiny_model):
+    from engine import Engine, EngineConfig, SamplingParams
+
+    engine = Engine(EngineConfig(model=str(tiny_model), num_kv_blocks=64, block_size=4))
+    reg = CollectorRegistry()
+    m = EngineMetrics(reg, "m")
+    prefix = list(range(3, 19))
+    for i in range(3):
+        engine.add_request(f"r{i}", prompt_token_ids=prefix + [20 + i],
+                           params=SamplingParams(max_tokens=6, ignore_eos=True))
+    import time
+
+    while engine.has_unfinished():
+        m.observe_outputs(engine.step(), time.time())
+        m.observe_stats(engine.stats())
+    assert value(reg, "vllm:generation_tokens_total") == 18
+    assert value(reg, "vllm:prompt_tokens_total") == 51
+    assert value(reg, "vllm:time_to_first_token_seconds_count") == 3
+    assert value(reg, "vllm:inter_token_latency_seconds_count") == 15
+    assert value(reg, "vllm:e2e_request_latency_seconds_count") == 3
+    assert value(reg, "vllm:prefix_cache_queries_total") > 0
+    assert value(reg, "vllm:num_requests_running") == 0
