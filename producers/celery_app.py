@@ -7,7 +7,8 @@ The tasks themselves are registered by producers.batch_tasks (the worker side); 
 need only the names. Broker:
 
 - `INFLIGHT_CELERY_BROKER=redis://host:6379/0` (production; docker-compose runs Redis);
-- unset: kombu's filesystem transport in `<INFLIGHT_DATA_DIR>/celery/` -- no server, for
+- unset: kombu's filesystem transport (with atomic message files: producers.celery_fs)
+  in `<INFLIGHT_DATA_DIR>/celery/` -- no server, for
   a laptop and `make demo` (one machine; a message taken by a worker that is then killed
   is not redelivered, which the sweep covers by sending the enqueue task again).
 
@@ -24,6 +25,8 @@ from celery import Celery
 
 from schemas import Settings
 
+from producers.celery_fs import TRANSPORT as FS_TRANSPORT
+
 ENQUEUE_TASK = "inflight.batch.enqueue"
 SWEEP_TASK = "inflight.batch.sweep"
 
@@ -32,25 +35,26 @@ def embedded_broker_dir(settings: Settings) -> Path:
     return Path(settings.data_dir) / "celery"
 
 
-def broker_options(settings: Settings) -> tuple[str, dict[str, Any]]:
-    """(broker URL, transport options) for the settings."""
+def broker_options(settings: Settings) -> tuple[str, str | None, dict[str, Any]]:
+    """(broker URL, transport class or None for the URL's own, transport options)."""
     if settings.celery_broker:
         # a redelivered enqueue of a killed worker must wait out at most one lease
-        return settings.celery_broker, {"visibility_timeout": max(settings.batch_lease_s * 2, 60)}
+        return settings.celery_broker, None, {"visibility_timeout": max(settings.batch_lease_s * 2, 60)}
     root = embedded_broker_dir(settings)
     queue, processed = root / "queue", root / "processed"
     for d in (queue, processed):
         d.mkdir(parents=True, exist_ok=True)
-    return "filesystem://", {"data_folder_in": str(queue), "data_folder_out": str(queue),
+    return "filesystem://", FS_TRANSPORT, {"data_folder_in": str(queue), "data_folder_out": str(queue),
                              "processed_folder": str(processed), "store_processed": False,
                              "polling_interval": 0.2}
 
 
 def celery_app(settings: Settings) -> Celery:
     """A configured Celery app (no tasks registered; see producers.batch_tasks)."""
-    url, options = broker_options(settings)
+    url, transport, options = broker_options(settings)
     app = Celery("inflight", broker=url, set_as_current=False)
     app.conf.update(
+        broker_transport=transport,
         broker_transport_options=options,
         broker_connection_retry_on_startup=True,
         task_default_queue=settings.celery_queue,
