@@ -137,7 +137,8 @@ def validate_and_enqueue(ctx: JobContext, batch_id: str) -> str:
             b.status == IN_PROGRESS and b.lines_enqueued >= b.request_total):
         return "nothing to do"
     owner = f"enqueue:{ctx.worker}:{uuid.uuid4().hex[:8]}"
-    if not store.claim_batch(batch_id, owner, ctx.settings.batch_lease_s):
+    if not store.claim_batch(batch_id, owner, ctx.settings.batch_lease_s,
+                             or_owner=_dispatch_marker(batch_id)):
         raise Retry(f"batch {batch_id} is being worked on by another task", delay=5.0)
     try:
         if b.status == VALIDATING:
@@ -360,12 +361,20 @@ def _sweep_one(ctx: JobContext, bid: str, report: SweepReport,
     elif (dispatch_enqueue is not None and b.status in (VALIDATING, IN_PROGRESS)
           and (b.status == VALIDATING or b.lines_enqueued < b.request_total)
           and (b.lease_until is None or b.lease_until < now)
-          and now - b.updated_at > timedelta(seconds=s.batch_lease_s)):
-        log.warning("batch %s: enqueue made no progress for %.0fs and holds no lease; "
-                    "sending the enqueue task again", bid, (now - b.updated_at).total_seconds())
-        store.set_batch_fields(bid, lines_enqueued=b.lines_enqueued)  # touch updated_at
-        dispatch_enqueue(bid)
-        report.redispatched.append(bid)
+          and now - (b.in_progress_at or b.created_at) > timedelta(seconds=s.batch_lease_s)):
+        # NOTE: an enqueuer renews its lease every chunk, so a lapsed lease on a batch not
+        # fully published means its task died (a kill -9, a lost message). The dispatch
+        # marker lease keeps later sweeps from sending it again before the new task runs;
+        # that task may take the marker over (claim_batch(or_owner=...)).
+        if ctx.store.claim_batch(bid, _dispatch_marker(bid), s.batch_lease_s):
+            log.warning("batch %s: its enqueue task is gone (%d of %d published); sending "
+                        "it again", bid, b.lines_enqueued, b.request_total)
+            dispatch_enqueue(bid)
+            report.redispatched.append(bid)
+
+
+def _dispatch_marker(batch_id: str) -> str:
+    return f"dispatch:{batch_id}"
 
 
 def _with_lease(ctx: JobContext, b: BatchRow, report: SweepReport,

@@ -323,10 +323,16 @@ def test_sweep_sends_a_dead_enqueue_again(store):
     ctx = ctx_for(store, batch_lease_s=1.0)
     sent = []
     assert jobs.sweep(ctx, dispatch_enqueue=sent.append).redispatched == []  # fresh: wait
-    _age(store, b.id, updated_at=b.created_at - timedelta(seconds=5))
+    _age(store, b.id, created_at=b.created_at - timedelta(seconds=5))
+    assert store.claim_batch(b.id, "enqueue:dead", ttl_s=60)                  # a live task
+    assert jobs.sweep(ctx, dispatch_enqueue=sent.append).redispatched == []
+    _age(store, b.id, lease_until=b.created_at)                               # ...that died
     assert jobs.sweep(ctx, dispatch_enqueue=sent.append).redispatched == [b.id]
+    assert jobs.sweep(ctx, dispatch_enqueue=sent.append).redispatched == []  # marker holds
     assert sent == [b.id]
-    assert jobs.sweep(ctx, dispatch_enqueue=sent.append).redispatched == []  # touched
+    # the task that was sent takes the marker's lease over and does the work
+    assert jobs.validate_and_enqueue(ctx, b.id) == "enqueued"
+    assert len(ctx.publisher.sent) == 3
 
 
 def test_anthropic_batch_object_and_results(store):
