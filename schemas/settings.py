@@ -65,10 +65,12 @@ class Settings(BaseSettings):
     max_num_seqs: int | None = None  # requests running at once (None = worker_max_inflight)
     max_num_batched_tokens: int | None = None  # token budget of one forward pass (2048)
     max_model_len: int | None = None  # context cap (None = the checkpoint's)
-    kv_cache_bytes: int | None = None  # KV budget in bytes (engine default: 1 GiB)
+    kv_cache_bytes: int | None = None  # KV budget in bytes (engine default: 1 GiB on CPU; CUDA: below)
+    kv_cache_memory_fraction: float | None = None  # CUDA, no kv_cache_bytes: share of free GPU memory (0.9)
     block_size: int | None = None  # tokens per KV block (16)
     enable_prefix_caching: bool = True
     kernels: str | None = None  # torch | triton (None = triton on CUDA, torch on CPU)
+    cuda_graphs: bool | None = None  # decode steps as CUDA graphs (None = on for CUDA + triton; 0 = off)
     # --device cuda:auto: workers of one host claim distinct GPUs through lock files here
     gpu_lock_dir: Path | None = None  # None = <data_dir>/gpu-locks
 
@@ -102,6 +104,18 @@ class Settings(BaseSettings):
     # every stream_interval_ms or as soon as it holds stream_max_tokens tokens
     stream_interval_ms: int = Field(default=50, ge=0)
     stream_max_tokens: int = Field(default=256, ge=1)
+
+    # --- HTTP API (api/, `inflight api`) -------------------------------------------------
+    # INFLIGHT_API_AUTH=off serves everyone without a key: only for the local demo (logged loudly).
+    api_auth: bool = True
+    api_max_body_bytes: int = 4_000_000        # JSON bodies (single requests, chat completions)
+    api_max_upload_bytes: int = 200_000_000    # one uploaded batch file / message-batch body
+    api_max_upload_lines: int = 50_000         # lines (requests) in one batch file
+    api_max_line_bytes: int = 1_000_000        # one line of a batch file
+    api_key_cache_s: float = 2.0               # a verified key is re-checked for revocation this often
+    api_wait_timeout_s: float = 600.0          # chat completions: wait this long for the final event
+    api_max_streams: int = 64                  # open SSE streams / waiting chat completions per process
+    api_final_cache_bytes: int = 64_000_000    # answers of finished requests kept per process (0 = off)
 
     def kafka_common(self) -> dict[str, Any]:
         """kafka-python keyword arguments shared by producers, consumers and admin clients."""
