@@ -24,7 +24,7 @@ from api.cache import FinalAnswers
 from api.context import ApiContext, StreamSlots, db_slots
 from api.limits import BodyLimitMiddleware
 from api.metrics import ApiMetrics, MetricsMiddleware
-from api.routes import chat, health, requests
+from api.routes import batches, chat, files, health, message_batches, requests
 from producers import Client
 from schemas import Settings
 from schemas.errors import ConfigError, InflightError
@@ -92,7 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "batches, Anthropic message batches. Every route but /healthz "
                               "and /metrics needs an API key.")
     errors.install(app)
-    for module in (health, requests, chat):
+    for module in (health, requests, chat, files, batches, message_batches):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, body_bytes=settings.api_max_body_bytes,
                        upload_bytes=settings.api_max_upload_bytes)

@@ -74,11 +74,16 @@ class BatchQueries:
         return row
 
     def list_batches(self, *, owner: str | None = None, status: str | Iterable[str] | None = None,
-                     after: str | None = None, limit: int = 20) -> list[BatchRow]:
-        """Newest first; page with `after=<last id of the previous page>` (OpenAI's cursor)."""
+                     after: str | None = None, limit: int = 20,
+                     endpoint: Iterable[str] | None = None) -> list[BatchRow]:
+        """Newest first; page with `after=<last id of the previous page>` (OpenAI's cursor).
+        `endpoint` keeps batches of those endpoints (the HTTP API lists OpenAI and Anthropic
+        batches apart)."""
         q = select(BatchRow)
         if owner is not None:
             q = q.where(BatchRow.owner == owner)
+        if endpoint is not None:
+            q = q.where(BatchRow.endpoint.in_(list(endpoint)))
         if status is not None:
             q = q.where(BatchRow.status.in_([status] if isinstance(status, str) else list(status)))
         with self.session() as s:  # type: ignore[attr-defined]

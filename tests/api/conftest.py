@@ -5,6 +5,7 @@ their own keys (each key is its own owner) and ids."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,23 +50,41 @@ class Stack:
 
 
 def _database(request, tmp_path_factory) -> str:
+    """A migrated database (before any process opens it: two processes migrating one
+    SQLite file at once would race)."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path_factory.mktemp('api-db') / 'inflight.db'}"
+        return migrated(f"sqlite:///{tmp_path_factory.mktemp('api-db') / 'inflight.db'}")
     return migrated(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
 def stack(request, broker, api_model, tmp_path_factory):
-    """API + worker + recorder on one backend (keys re-checked on every request, so a
-    revocation shows at once)."""
+    """API + worker + recorder + a Celery worker (`inflight jobs`: embedded filesystem
+    transport with SQLite, Redis with Postgres) on one backend. Keys are re-checked on
+    every request, so a revocation shows at once."""
+    from tests.producers.test_batch_e2e import JobsProcess, _redis_or_skip
+
+    tmp = tmp_path_factory.mktemp("api-stack")
+    celery_broker = None if request.param == "sqlite" else _redis_or_skip()
     settings = make_settings(broker, _database(request, tmp_path_factory),
-                             api_key_cache_s=0.0, api_wait_timeout_s=60.0)
+                             api_key_cache_s=0.0, api_wait_timeout_s=60.0,
+                             data_dir=tmp / "data", cache_dir=tmp / "cache",
+                             model_path=str(api_model), celery_broker=celery_broker,
+                             celery_queue=f"q-{uuid.uuid4().hex[:8]}",
+                             batch_sweep_interval_s=0.3, batch_lease_s=2.0)
+    jobs = JobsProcess(settings, tmp / "jobs.log")  # starts while the worker joins its group
     service = Service(settings, tiny_engine(api_model))
     try:
+        jobs.wait_ready()
         with ApiServer(settings) as api:
             yield Stack(settings, api, service, api_model)
     finally:
+        jobs.stop()
         service.stop()
+        if celery_broker:
+            import redis
+
+            redis.Redis.from_url(celery_broker).delete(settings.celery_queue)
 
 
 @pytest.fixture(scope="session")

@@ -60,6 +60,10 @@ def test_anthropic_routes_answer_in_anthropic_shape(bare):
     body = resp.json()
     assert body == {"type": "error", "error": {"type": "not_found_error",
                                                "message": "unknown URL GET /v1/messages/nothing-here"}}
+    with bare.http() as http:
+        resp = http.get("/v1/messages/batches")
+    assert resp.status_code == 401
+    assert resp.json()["error"]["type"] == "authentication_error"
 
 
 def test_body_caps(bare):

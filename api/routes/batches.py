@@ -1,0 +1,94 @@
+"""OpenAI Batches over our batch jobs (producers.batch_jobs; Celery does the slow work).
+
+    POST /v1/batches                   {input_file_id, endpoint, completion_window, metadata}
+    GET  /v1/batches[?after=&limit=]   newest first, OpenAI's cursor paging
+    GET  /v1/batches/{batch_id}
+    POST /v1/batches/{batch_id}/cancel
+
+Creating files the batch row under the caller, then sends the validate-and-enqueue task;
+the batch moves on its own (validating -> in_progress -> finalizing -> completed) and its
+output/error files are read at GET /v1/files/{id}/content.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import Response
+
+from api.context import ApiContext
+from api.deps import Caller, Ctx, owns
+from api.errors import APIError, not_found
+from api.models.batches import OPENAI_ENDPOINTS, BatchList, BatchObject, CreateBatch
+from api.models.errors import OPENAI_ERRORS
+from api.responses import json_response
+from api.routes.files import owned_file
+from producers import batch_jobs
+from producers.celery_app import send_enqueue
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=OPENAI_ERRORS)
+BatchId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
+                              description="the batch id (batch_...)")]
+
+
+async def owned_batch(ctx: ApiContext, caller: Caller, batch_id: str,
+                      endpoints: tuple[str, ...], what: str = "batch") -> Any:
+    """The caller's batch of one of these endpoints (an Anthropic batch is not an OpenAI
+    one and the other way round), else 404."""
+    row = await ctx.db(ctx.store.get_batch, batch_id)
+    if row is None or not owns(caller, row.owner) or row.endpoint not in endpoints:
+        raise not_found(what, batch_id)
+    return row
+
+
+async def start(ctx: ApiContext, batch_id: str) -> None:
+    """Hand a new batch to the Celery workers (`inflight jobs`)."""
+    await to_thread.run_sync(send_enqueue, ctx.client.celery, batch_id)
+    ctx.metrics.inc("batches_created")
+
+
+@router.post("", response_model=BatchObject, summary="Create a batch from an uploaded file")
+async def create_batch(body: CreateBatch, ctx: Ctx, caller: Caller) -> Response:
+    try:
+        await owned_file(ctx, caller, body.input_file_id)
+    except APIError:
+        raise APIError(404, f"No file found with id {body.input_file_id!r}.",
+                       param="input_file_id", code="not_found") from None
+    row = await ctx.db(lambda: batch_jobs.create_batch(
+        ctx.store, input_file_id=body.input_file_id, endpoint=body.endpoint,
+        completion_window=body.completion_window, metadata=body.metadata,
+        owner=caller.owner))
+    await start(ctx, row.id)
+    return json_response(batch_jobs.batch_object(row))
+
+
+@router.get("", response_model=BatchList, summary="List your batches, newest first")
+async def list_batches(ctx: Ctx, caller: Caller,
+                       after: Annotated[str | None, Query(max_length=128)] = None,
+                       limit: Annotated[int, Query(ge=1, le=100)] = 20) -> Response:
+    if after is not None:
+        await owned_batch(ctx, caller, after, OPENAI_ENDPOINTS)
+    rows = await ctx.db(lambda: ctx.store.list_batches(
+        owner=caller.owner, after=after, limit=limit + 1, endpoint=OPENAI_ENDPOINTS))
+    page = [batch_jobs.batch_object(r) for r in rows[:limit]]
+    return json_response({"object": "list", "data": page,
+                          "first_id": page[0]["id"] if page else None,
+                          "last_id": page[-1]["id"] if page else None,
+                          "has_more": len(rows) > limit})
+
+
+@router.get("/{batch_id}", response_model=BatchObject, summary="A batch")
+async def retrieve_batch(batch_id: BatchId, ctx: Ctx, caller: Caller) -> Response:
+    return json_response(batch_jobs.batch_object(
+        await owned_batch(ctx, caller, batch_id, OPENAI_ENDPOINTS)))
+
+
+@router.post("/{batch_id}/cancel", response_model=BatchObject,
+             responses={409: {"description": "the batch already ended otherwise"}},
+             summary="Cancel a batch (cancelling, then cancelled with partial results)")
+async def cancel_batch(batch_id: BatchId, ctx: Ctx, caller: Caller) -> Response:
+    await owned_batch(ctx, caller, batch_id, OPENAI_ENDPOINTS)
+    row = await to_thread.run_sync(batch_jobs.cancel_batch, ctx.store, ctx.client, batch_id)
+    return json_response(batch_jobs.batch_object(row))

@@ -1,0 +1,105 @@
+"""OpenAI Files: upload a batch input, read a file's metadata and content, list files.
+
+    POST /v1/files                (multipart: file, purpose=batch)  -> File object
+    GET  /v1/files[?purpose=&limit=]                                -> list
+    GET  /v1/files/{file_id}                                        -> File object
+    GET  /v1/files/{file_id}/content                                -> the bytes (JSONL)
+
+Uploads stream into the store (store.files: 1 MiB chunks in the database) while their
+lines are counted and measured (api/uploads.py); a file over a cap is removed and the
+client told which cap and which line. Output and error files of batches are read here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from anyio import to_thread
+from fastapi import APIRouter, File, Form, Path, Query, UploadFile
+from fastapi.responses import Response, StreamingResponse
+
+from api.context import ApiContext
+from api.deps import Caller, Ctx, owns
+from api.errors import APIError, not_found
+from api.models.errors import OPENAI_ERRORS
+from api.models.files import FileList, FileObject, file_object
+from api.responses import json_response
+from api.uploads import LineCaps
+from store import new_file_id
+
+router = APIRouter(prefix="/v1/files", tags=["files"], responses=OPENAI_ERRORS)
+FileId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
+                             description="the file id (file-...)")]
+UPLOAD_PURPOSES = ("batch",)
+
+
+@router.post("", response_model=FileObject, summary="Upload a batch input file (JSONL)")
+async def upload_file(ctx: Ctx, caller: Caller, file: Annotated[UploadFile, File()],
+                      purpose: Annotated[str, Form()]) -> Response:
+    if purpose not in UPLOAD_PURPOSES:
+        raise APIError(400, f"purpose {purpose!r:.40}: upload batch input files with "
+                            "purpose 'batch'", param="purpose")
+    fid, caps = new_file_id(), LineCaps(ctx.settings.api_max_upload_lines,
+                                        ctx.settings.api_max_line_bytes)
+    name = (file.filename or "upload.jsonl")[:512]
+
+    def store_it():
+        try:
+            return ctx.store.create_file(caps.pieces(file.file), purpose="batch", filename=name,
+                                         owner=caller.owner, file_id=fid)
+        except BaseException:
+            ctx.store.delete_file(fid)  # nothing half-stored stays behind
+            raise
+
+    # its own thread, not a database slot: an upload holds it for as long as it streams
+    row = await to_thread.run_sync(store_it)
+    if row.bytes == 0:
+        await ctx.db(ctx.store.delete_file, fid)
+        raise APIError(400, "the file is empty; upload one request per line", param="file")
+    ctx.metrics.inc("files_uploaded")
+    return json_response(file_object(row))
+
+
+async def owned_file(ctx: ApiContext, caller: Caller, file_id: str):
+    row = await ctx.db(ctx.store.get_file, file_id)
+    if row is None or not owns(caller, row.owner):
+        raise not_found("file", file_id)
+    return row
+
+
+@router.get("", response_model=FileList, summary="List your files, newest first")
+async def list_files(ctx: Ctx, caller: Caller,
+                     purpose: Annotated[str | None, Query(max_length=32)] = None,
+                     limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> Response:
+    rows = await ctx.db(lambda: ctx.store.list_files(owner=caller.owner, purpose=purpose,
+                                                     limit=limit))
+    return json_response({"object": "list", "data": [file_object(r) for r in rows],
+                          "has_more": len(rows) == limit})
+
+
+@router.get("/{file_id}", response_model=FileObject, summary="A file's metadata")
+async def retrieve_file(file_id: FileId, ctx: Ctx, caller: Caller) -> Response:
+    return json_response(file_object(await owned_file(ctx, caller, file_id)))
+
+
+@router.get("/{file_id}/content", response_class=StreamingResponse,
+            responses={200: {"content": {"application/jsonl": {}},
+                             "description": "the file's bytes"}},
+            summary="A file's content")
+async def file_content(file_id: FileId, ctx: Ctx, caller: Caller) -> StreamingResponse:
+    row = await owned_file(ctx, caller, file_id)
+    return StreamingResponse(stream_file(ctx, row.id), media_type="application/jsonl",
+                             headers={"Content-Disposition": f'attachment; filename="{row.filename}"'
+                                      .encode("latin-1", "replace").decode("latin-1")})
+
+
+async def stream_file(ctx: ApiContext, file_id: str) -> AsyncIterator[bytes]:
+    """A stored file, chunk by chunk (each read on a database thread)."""
+    chunks = ctx.store.iter_file(file_id)
+
+    def step() -> bytes | None:
+        return next(chunks, None)
+
+    while (piece := await ctx.db(step)) is not None:
+        yield piece

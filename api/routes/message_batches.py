@@ -1,0 +1,154 @@
+"""Anthropic Message Batches over our batch jobs (endpoint /v1/messages).
+
+    POST /v1/messages/batches                 {"requests": [{custom_id, params}, ...]}
+    GET  /v1/messages/batches[?after_id=&limit=]
+    GET  /v1/messages/batches/{id}
+    POST /v1/messages/batches/{id}/cancel
+    GET  /v1/messages/batches/{id}/results    JSONL, once processing ended
+
+The requests arrive inline; they are written as one JSONL input file (one
+`{custom_id, params}` line each, the same caps as an uploaded file) and run as a batch
+with endpoint /v1/messages. Errors here use Anthropic's shape (api/errors.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+import orjson
+from anyio import to_thread
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from api.deps import Caller, Ctx
+from api.errors import APIError
+from api.models.batches import (CreateMessageBatch, MessageBatchList, MessageBatchObject)
+from api.models.errors import ANTHROPIC_ERRORS
+from api.responses import json_response
+from api.routes.batches import owned_batch, start
+from api.routes.files import stream_file
+from producers import batch_jobs
+from schemas.anthropic_batch import MESSAGES_URL
+from store import new_file_id
+
+router = APIRouter(prefix="/v1/messages/batches", tags=["anthropic"],
+                   responses=ANTHROPIC_ERRORS)
+BatchId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
+                              description="the message batch id (msgbatch_...)")]
+ENDPOINTS = (MESSAGES_URL,)
+WINDOW = "24h"  # Anthropic's fixed processing window
+
+
+def _object(request: Request, row: Any) -> dict[str, Any]:
+    url = str(request.url_for("message_batch_results", batch_id=row.id))
+    return batch_jobs.anthropic_batch_object(row, results_url=url)
+
+
+def _lines(ctx: Ctx, body: bytes) -> list[bytes]:
+    """The body's requests as JSONL lines, checked against the upload caps."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise APIError(400, f"the request body is not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or set(data) != {"requests"} or not isinstance(
+            data["requests"], list) or not data["requests"]:
+        raise APIError(400, "the body must be {\"requests\": [{\"custom_id\": ..., "
+                            "\"params\": {...}}, ...]} with at least one request",
+                       param="requests")
+    s = ctx.settings
+    if len(data["requests"]) > s.api_max_upload_lines:
+        raise APIError(413, f"{len(data['requests']):,} requests is over the limit of "
+                            f"{s.api_max_upload_lines:,} (server setting "
+                            "INFLIGHT_API_MAX_UPLOAD_LINES); split them into several batches",
+                       param="requests")
+    lines = []
+    for i, item in enumerate(data["requests"]):
+        if not (isinstance(item, dict) and set(item) == {"custom_id", "params"}
+                and isinstance(item["custom_id"], str) and isinstance(item["params"], dict)):
+            raise APIError(400, f"requests.{i}: give exactly custom_id (a string) and params "
+                                "(a Messages API request)", param=f"requests.{i}")
+        line = orjson.dumps(item)
+        if len(line) > s.api_max_line_bytes:
+            raise APIError(413, f"requests.{i} is {len(line):,} bytes, over the limit of "
+                                f"{s.api_max_line_bytes:,} (server setting "
+                                "INFLIGHT_API_MAX_LINE_BYTES)", param=f"requests.{i}")
+        lines.append(line)
+    return lines
+
+
+@router.post("", response_model=MessageBatchObject, summary="Create a Message Batch",
+             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                 "schema": CreateMessageBatch.model_json_schema(
+                     ref_template="#/components/schemas/{model}")}}}})
+async def create_message_batch(request: Request, ctx: Ctx, caller: Caller) -> Response:
+    # NOTE: read raw, not as a pydantic body: up to INFLIGHT_API_MAX_UPLOAD_BYTES of requests
+    # are turned into lines once, without a model object per request.
+    lines = await to_thread.run_sync(_lines, ctx, await request.body())
+    bid, fid = "msgbatch_" + uuid.uuid4().hex, new_file_id()
+
+    def store_it() -> Any:
+        try:
+            ctx.store.create_file((line + b"\n" for line in lines), purpose="batch",
+                                  filename=f"{bid}_requests.jsonl", owner=caller.owner,
+                                  file_id=fid)
+        except BaseException:
+            ctx.store.delete_file(fid)
+            raise
+        return batch_jobs.create_batch(ctx.store, input_file_id=fid, endpoint=MESSAGES_URL,
+                                       completion_window=WINDOW, owner=caller.owner,
+                                       batch_id=bid)
+
+    row = await to_thread.run_sync(store_it)
+    await start(ctx, row.id)
+    return json_response(_object(request, row))
+
+
+@router.get("", response_model=MessageBatchList, summary="List your Message Batches")
+async def list_message_batches(request: Request, ctx: Ctx, caller: Caller,
+                               after_id: Annotated[str | None, Query(max_length=128)] = None,
+                               before_id: Annotated[str | None, Query(max_length=128)] = None,
+                               limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> Response:
+    if before_id is not None:
+        raise APIError(400, "before_id is not supported; page forward with after_id",
+                       param="before_id")
+    if after_id is not None:
+        await owned_batch(ctx, caller, after_id, ENDPOINTS, "message batch")
+    rows = await ctx.db(lambda: ctx.store.list_batches(
+        owner=caller.owner, after=after_id, limit=limit + 1, endpoint=ENDPOINTS))
+    page = [_object(request, r) for r in rows[:limit]]
+    return json_response({"data": page, "has_more": len(rows) > limit,
+                          "first_id": page[0]["id"] if page else None,
+                          "last_id": page[-1]["id"] if page else None})
+
+
+@router.get("/{batch_id}", response_model=MessageBatchObject, summary="A Message Batch")
+async def retrieve_message_batch(batch_id: BatchId, request: Request, ctx: Ctx,
+                                 caller: Caller) -> Response:
+    row = await owned_batch(ctx, caller, batch_id, ENDPOINTS, "message batch")
+    return json_response(_object(request, row))
+
+
+@router.post("/{batch_id}/cancel", response_model=MessageBatchObject,
+             summary="Cancel a Message Batch")
+async def cancel_message_batch(batch_id: BatchId, request: Request, ctx: Ctx,
+                               caller: Caller) -> Response:
+    await owned_batch(ctx, caller, batch_id, ENDPOINTS, "message batch")
+    row = await to_thread.run_sync(batch_jobs.cancel_batch, ctx.store, ctx.client, batch_id)
+    return json_response(_object(request, row))
+
+
+@router.get("/{batch_id}/results", name="message_batch_results",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"application/binary": {}},
+                             "description": "one JSON result per line (JSONL)"},
+                       409: {"description": "processing has not ended yet"}},
+            summary="A Message Batch's results (JSONL)")
+async def message_batch_results(batch_id: BatchId, ctx: Ctx, caller: Caller) -> Response:
+    row = await owned_batch(ctx, caller, batch_id, ENDPOINTS, "message batch")
+    if not row.is_final or not row.output_file_id:
+        raise APIError(409, f"message batch {batch_id} has not ended yet ({row.status}); "
+                            "results come once processing_status is ended",
+                       code="not_ended")
+    return StreamingResponse(stream_file(ctx, row.output_file_id),
+                             media_type="application/binary")
