@@ -82,3 +82,17 @@ def kafka_settings(broker, tmp_path):
                          cache_dir=tmp_path / "cache", data_dir=tmp_path / "data")
 
 # ==== end embedded broker ===============================================================
+
+
+# ==== Tiny model ========================================================================
+# `tiny_model`: the default tiny random Llama (tests/tiny_llama.py, seed 0), written once per
+# session for every package that runs the service path (consumers, api). Read-only.
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    from tests.tiny_llama import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+# ==== end tiny model ====================================================================

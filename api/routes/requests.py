@@ -27,7 +27,7 @@ from api.errors import APIError, not_found
 from api.models.errors import OPENAI_ERRORS, SUBMIT_ERRORS
 from api.models.requests import RequestObject, SubmitRequest, queued_object, request_object
 from api.responses import json_response
-from api.sse import sse, stored_final_event
+from api.sse import sse, stored_events
 from producers import RequestNotFound
 from schemas.errors import InflightError
 from store import FINAL_STATUSES, queued_row
@@ -96,12 +96,14 @@ async def cancel_request(request_id: PathId, ctx: Ctx, caller: Caller) -> Respon
             response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}},
                              "description": "`event: token` deltas, then one `event: final` "
-                                            "or `event: error`; data is the event's JSON"}})
+                                            "or `event: error`; data is the event's JSON. A "
+                                            "delta with index 0 after others starts the text "
+                                            "over (the request was redone on another worker)"}})
 async def request_events(request_id: PathId, ctx: Ctx, caller: Caller) -> StreamingResponse:
     row = await _owned_row(ctx, caller, request_id)
     if row.status in FINAL_STATUSES:
         # finished: the store has the whole answer (Kafka may have dropped the events)
-        return StreamingResponse(_one(stored_final_event(row)), media_type="text/event-stream",
+        return StreamingResponse(_stored(stored_events(row)), media_type="text/event-stream",
                                  headers=_SSE_HEADERS)
     ctx.streams.acquire()
     since = row.created_at.timestamp() if row.created_at is not None else None
@@ -112,8 +114,9 @@ async def request_events(request_id: PathId, ctx: Ctx, caller: Caller) -> Stream
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def _one(event: dict[str, Any]) -> AsyncIterator[bytes]:
-    yield sse(event["type"], orjson.dumps(event))
+async def _stored(events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield sse(event["type"], orjson.dumps(event))
 
 
 async def _events(ctx: Ctx, request_id: str, since: float | None) -> AsyncIterator[bytes]:

@@ -17,13 +17,6 @@ from tests.api.server import ApiServer
 from tests.consumers.conftest import Service, make_settings, migrated, tiny_engine
 
 
-@pytest.fixture(scope="session")
-def api_model(tmp_path_factory) -> Path:
-    from tests.tiny_llama import write_tiny_llama
-
-    return write_tiny_llama(tmp_path_factory.mktemp("api-tiny-llama"))
-
-
 @dataclass
 class Stack:
     settings: Settings
@@ -58,7 +51,7 @@ def _database(request, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
-def stack(request, broker, api_model, tmp_path_factory):
+def stack(request, broker, tiny_model, tmp_path_factory):
     """API + worker + recorder + a Celery worker (`inflight jobs`: embedded filesystem
     transport with SQLite, Redis with Postgres) on one backend. Keys are re-checked on
     every request, so a revocation shows at once."""
@@ -69,15 +62,15 @@ def stack(request, broker, api_model, tmp_path_factory):
     settings = make_settings(broker, _database(request, tmp_path_factory),
                              api_key_cache_s=0.0, api_wait_timeout_s=60.0,
                              data_dir=tmp / "data", cache_dir=tmp / "cache",
-                             model_path=str(api_model), celery_broker=celery_broker,
+                             model_path=str(tiny_model), celery_broker=celery_broker,
                              celery_queue=f"q-{uuid.uuid4().hex[:8]}",
                              batch_sweep_interval_s=0.3, batch_lease_s=2.0)
     jobs = JobsProcess(settings, tmp / "jobs.log")  # starts while the worker joins its group
-    service = Service(settings, tiny_engine(api_model))
+    service = Service(settings, tiny_engine(tiny_model))
     try:
         jobs.wait_ready()
         with ApiServer(settings) as api:
-            yield Stack(settings, api, service, api_model)
+            yield Stack(settings, api, service, tiny_model)
     finally:
         jobs.stop()
         service.stop()

@@ -63,32 +63,47 @@ def test_submit_poll_stream_match_the_engine(stack):
         assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + len(out.token_ids)
         assert body["timings"]["finished_at"] >= body["created_at"]
     names = [n for n, _ in events]
-    assert names[-1] == "final" and set(names[:-1]) <= {"token", "status"}
-    streamed = "".join(d["text"] for n, d in events if n == "token")
-    assert streamed == events[-1][1]["text"] == done[0]["text"]
-    assert [n for n, _ in late] == ["final"] and late[0][1]["token_ids"] == done[1]["token_ids"]
+    assert names[-1] == "final" and set(names[:-1]) == {"token"}
+    assert streamed_text(events) == events[-1][1]["text"] == done[0]["text"]
+    # finished before the stream opened: the whole text in one delta, then the final
+    assert [n for n, _ in late] == ["token", "final"]
+    assert late[0][1]["token_ids"] == late[1][1]["token_ids"] == done[1]["token_ids"]
+    assert streamed_text(late) == done[1]["text"]
 
 
-def test_cancel_a_running_request(stack):
+def streamed_text(events: list[tuple[str | None, dict]]) -> str:
+    """The text a reader builds from the deltas (an index-0 delta starts it over)."""
+    text = ""
+    for name, data in events:
+        if name == "token":
+            text = (text if data["index"] else "") + data["text"]
+    return text
+
+
+def test_cancel(stack):
     key = stack.new_key()
+    long = {"prompt": "hello world", "params": {"max_tokens": 480, "ignore_eos": True,
+                                                "temperature": 0}}
     with stack.http(key) as http:
         warm = http.post("/v1/requests", json={"prompt": "warm", "params": {"max_tokens": 1}})
         http.delete(f"/v1/requests/{warm.json()['id']}")  # the workers' cancel readers are live
-        rid = http.post("/v1/requests", json={"prompt": "hello world", "params": {
-            "max_tokens": 480, "ignore_eos": True, "temperature": 0}}).json()["id"]
-        with http.stream("GET", f"/v1/requests/{rid}/events") as resp:
-            events = sse_events(resp)
-            for name, _ in events:
-                if name == "token":
-                    break
+        ids = [http.post("/v1/requests", json=long).json()["id"] for _ in range(6)]
+        for rid in ids:  # at once: most are still queued, the first may be running
             cancel = http.delete(f"/v1/requests/{rid}")
             assert cancel.status_code == 202 and cancel.json()["id"] == rid
-            rest = list(events)
-        assert rest[-1][0] == "final" and rest[-1][1]["finish_reason"] == "abort"
-        body = poll(http, rid)
-        assert body["status"] == "cancelled" and len(body["token_ids"] or []) < 480
-        again = http.delete(f"/v1/requests/{rid}")
-        assert again.status_code == 200 and again.json()["status"] == "cancelled"
+        done = {rid: poll(http, rid) for rid in ids}
+        with http.stream("GET", f"/v1/requests/{ids[-1]}/events") as resp:
+            events = list(sse_events(resp))
+        again = http.delete(f"/v1/requests/{ids[-1]}")
+    # a tiny model may finish a request before its cancel arrives; never all six
+    assert {d["status"] for d in done.values()} <= {"cancelled", "completed"}
+    assert sum(d["status"] == "cancelled" for d in done.values()) >= 5
+    assert all(len(d["token_ids"] or []) < 480 for d in done.values() if d["status"] == "cancelled")
+    if done[ids[-1]]["status"] == "cancelled":
+        last = events[-1]
+        assert (last[0], last[1].get("finish_reason", last[1].get("code"))) in (
+            ("final", "abort"), ("error", "cancelled"))
+    assert again.status_code == 200 and again.json()["status"] == done[ids[-1]]["status"]
 
 
 def test_same_request_id_is_one_request(stack):

@@ -14,13 +14,6 @@ from schemas import Settings
 from tests.kafka_settings import make_settings as make_kafka_settings
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    from tests.tiny_llama import write_tiny_llama
-
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
 def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -> Settings:
     """tests.kafka_settings.make_settings with the metrics summary line every loop."""
     return make_kafka_settings(broker, database_url, partitions,
