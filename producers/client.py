@@ -19,9 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
-from kafka import KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from kafka.errors import KafkaError
-from kafka.partitioner.default import murmur2
 from pydantic import ValidationError
 
 from schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, FinalEvent,
@@ -29,6 +28,7 @@ from schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, FinalEven
                      decode_result, encode)
 from schemas.codec import schema_error
 from schemas.errors import BrokerError, InflightError
+from producers.stream import follow, partition_for
 from schemas.kafka_clients import partitions_of, plain_consumer, producer
 from store import FINAL_STATUSES, Store
 
@@ -72,11 +72,6 @@ class Result:
         d = asdict(self)
         d.pop("extra")
         return d
-
-
-def partition_for(key: str, num_partitions: int) -> int:
-    """kafka-python's default partitioner (murmur2, like the Java client)."""
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % num_partitions
 
 
 def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
@@ -276,53 +271,24 @@ class Client:
 
     def stream(self, request_id: str, timeout: float = 120.0,
                since: float | None = None) -> Iterator[TokenEvent | FinalEvent | ErrorEvent]:
-        """Token events of one request in index order, then its final event.
+        """Token deltas of one request in index order, then its final event (see
+        producers/stream.py: an index-0 delta after others starts the text over, on a new
+        attempt; the deltas since the last index 0 add up to the final's text).
 
-        Reads only the results partition the key maps to, from the first offset stamped
-        at or after the submit time (`offsets_for_times`; never "latest"). Raises
-        RequestNotFound when nothing about the id shows up within `timeout` seconds.
+        Reads only the partition the key maps to of the tokens topic and of the results
+        topic, from the first offset stamped at or after the submit time
+        (`offsets_for_times`; never "latest"), so a stream started after the request
+        finished still returns its whole text. Raises RequestNotFound when no final event
+        shows up within `timeout` seconds.
         """
         s = self.settings
         start_ms = int(((since if since is not None else self._since(request_id))
                         - STREAM_CLOCK_SLACK_S) * 1000)
         consumer = plain_consumer(s)
-        key = request_id.encode()
         try:
-            deadline = time.monotonic() + timeout
-            parts = partitions_of(consumer, s.topic_results, timeout=timeout)
-            tp = TopicPartition(s.topic_results, partition_for(request_id, len(parts)))
-            consumer.assign([tp])
-            while True:  # nothing stamped after `since` yet: ask again until something is
-                found = consumer.offsets_for_times({tp: max(start_ms, 0)}).get(tp)
-                if found is not None:
-                    consumer.seek(tp, found.offset)
-                    break
-                if time.monotonic() > deadline:
-                    raise RequestNotFound(self._not_found_message(request_id, timeout))
-                time.sleep(0.1)
-            expected, held = 0, {}
-            while True:
-                if time.monotonic() > deadline:
-                    raise RequestNotFound(self._not_found_message(request_id, timeout))
-                for rec in consumer.poll(timeout_ms=200).get(tp, []):
-                    if rec.key != key:
-                        continue
-                    try:
-                        event = decode_result(rec.value)
-                    except SchemaError:
-                        continue
-                    if isinstance(event, TokenEvent):
-                        if event.index < expected:
-                            continue  # a redo after a worker crash replays from index 0
-                        held[event.index] = event
-                        while expected in held:
-                            yield held.pop(expected)
-                            expected += 1
-                        continue
-                    for idx in sorted(held):
-                        yield held[idx]
-                    yield event
-                    return
+            yield from follow(consumer, s, request_id, start_ms, time.monotonic() + timeout,
+                              partitions_of, lambda: RequestNotFound(
+                                  self._not_found_message(request_id, timeout)))
         finally:
             consumer.close()
 
