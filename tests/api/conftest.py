@@ -5,7 +5,9 @@ their own keys (each key is its own owner) and ids."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 from schemas import Settings
 from tests.api.server import ApiServer
 from tests.consumers.conftest import Service, make_settings, migrated, tiny_engine
+from tests.pgdb import temporary_database
 
 
 @dataclass
@@ -42,12 +45,18 @@ class Stack:
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
 
-def _database(request, tmp_path_factory) -> str:
-    """A migrated database (before any process opens it: two processes migrating one
-    SQLite file at once would race)."""
+@contextlib.contextmanager
+def _database(request, tmp_path_factory) -> Iterator[str]:
+    """A migrated database of the stack's own (before any process opens it: two processes
+    migrating one SQLite file at once would race).
+
+    NOTE: not the session's shared Postgres database: the stack's Celery worker sweeps every
+    batch it can see, and would finish other tests' batches under them."""
     if request.param == "sqlite":
-        return migrated(f"sqlite:///{tmp_path_factory.mktemp('api-db') / 'inflight.db'}")
-    return migrated(request.getfixturevalue("postgres_url"))
+        yield migrated(f"sqlite:///{tmp_path_factory.mktemp('api-db') / 'inflight.db'}")
+        return
+    with temporary_database(request.getfixturevalue("postgres_url"), "inflight_api_") as url:
+        yield migrated(url)
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
@@ -55,11 +64,18 @@ def stack(request, broker, tiny_model, tmp_path_factory):
     """API + worker + recorder + a Celery worker (`inflight jobs`: embedded filesystem
     transport with SQLite, Redis with Postgres) on one backend. Keys are re-checked on
     every request, so a revocation shows at once."""
-    from tests.producers.test_batch_e2e import JobsProcess, _redis_or_skip
+    from tests.producers.test_batch_e2e import _redis_or_skip
 
     tmp = tmp_path_factory.mktemp("api-stack")
     celery_broker = None if request.param == "sqlite" else _redis_or_skip()
-    settings = make_settings(broker, _database(request, tmp_path_factory),
+    with _database(request, tmp_path_factory) as database:
+        yield from _stack(broker, tiny_model, tmp, database, celery_broker)
+
+
+def _stack(broker, tiny_model, tmp, database, celery_broker):
+    from tests.producers.test_batch_e2e import JobsProcess
+
+    settings = make_settings(broker, database,
                              api_key_cache_s=0.0, api_wait_timeout_s=60.0,
                              data_dir=tmp / "data", cache_dir=tmp / "cache",
                              model_path=str(tiny_model), celery_broker=celery_broker,
