@@ -116,7 +116,7 @@ def profile_cuda(eng, batch: int, steps: int) -> dict:
         eng.step()
     torch.cuda.synchronize()
     step_ms = (time.perf_counter() - t) / steps * 1e3
-    prof_steps = min(steps, 20)
+    prof_steps = min(steps, 10)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(prof_steps):
             eng.step()
@@ -125,6 +125,18 @@ def profile_cuda(eng, batch: int, steps: int) -> dict:
     gpu_ms = sum(e.self_device_time_total for e in ka if e.device_type == DeviceType.CUDA) / prof_steps / 1e3
     return dict(batch=batch, step_ms=step_ms, gpu_ms=gpu_ms, busy=gpu_ms / step_ms,
                 tok_s=batch / step_ms * 1e3)
+
+
+def free_device_memory(cuda: bool) -> None:
+    """An engine's runner and graphs reference each other: collect them, then hand the
+    memory back, so the next engine sizes its KV cache from a clean GPU."""
+    import gc
+
+    gc.collect()
+    if cuda:
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -159,6 +171,7 @@ def main() -> None:
             results.append(r)
             print(f"  batch {batch}: {r['step_ms']:.2f} ms/step", flush=True)
             del eng
+            free_device_memory(cuda)
     if cuda:
         rows = [("on" if r["cuda_graphs"] else "off", r["batch"], r["step_ms"], r["gpu_ms"],
                  f"{r['busy']:.0%}", r["tok_s"]) for r in results]
