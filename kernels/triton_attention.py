@@ -169,11 +169,15 @@ def _merge_splits_kernel(
     d_ok = d < HEAD_DIM
     m = tl.load(m_ptr + t * stride_mt + h * stride_mh + s, mask=s_ok, other=float("-inf"))
     l = tl.load(l_ptr + t * stride_mt + h * stride_mh + s, mask=s_ok, other=0.0)
-    m_max = tl.max(m, axis=0)      # finite: split 0 always sees key 0
+    m_max = tl.max(m, axis=0)
+    # NOTE: -inf only for a row with no context at all (a padding row of a CUDA-graph
+    # decode step): shift by 0 and divide by 1, so its output is 0, not NaN.
+    m_max = tl.where(m_max > float("-inf"), m_max, 0.0)
     w = tl.math.exp2(m - m_max)
     acc = tl.load(acc_ptr + t * stride_at + h * stride_ah + s[:, None] * stride_as + d[None, :],
                   mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    denom = tl.sum(l * w, axis=0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.where(denom > 0.0, denom, 1.0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 

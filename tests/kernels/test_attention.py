@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from kernels.attention import paged_attention_ref
+from kernels.attention import paged_attention_ref, paged_attention_torch
 from kernels.triton_attention import _choose_num_splits, paged_attention_triton
 from tests.kernels.batches import make_batch
 
@@ -118,3 +118,32 @@ def test_gpu_tile_config(monkeypatch):
                        head_dim=128, dtype=torch.float16, seed=7)
     assert ta._choose_num_splits(6, batch.block_tables.shape[1] * 16, 64) == 2
     check(batch, torch.float16)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_padding_rows_give_zeros(num_splits):
+    """A CUDA-graph decode step pads its batch with rows of one query and no context
+    (seq_len 0, block table row of zeros): their output is 0 (never NaN), and the real
+    rows are untouched."""
+    batch = make_batch([(40, 1), (9, 1)], block_size=8, q_heads=4, kv_heads=2, head_dim=64,
+                       dtype=torch.float32, seed=8)
+    pad = 2
+    batch.q = torch.cat([batch.q, torch.randn(pad, 4, 64)])
+    batch.block_tables = torch.cat([batch.block_tables,
+                                    torch.zeros(pad, batch.block_tables.shape[1], dtype=torch.int32)])
+    batch.seq_lens = torch.cat([batch.seq_lens, torch.zeros(pad, dtype=torch.int32)])
+    batch.query_start_loc = torch.arange(5, dtype=torch.int32)
+    args = [t.to(DEVICE) for t in batch.args()]
+    scale = 64 ** -0.5
+    ref = paged_attention_ref(*args, scale)
+    out = paged_attention_triton(*args, scale, num_splits=num_splits)
+    # the torch path gathers whole table rows and blocks (then masks): give it valid pad
+    # ids and no NaN rows
+    q, k_cache, v_cache, tables, seq_lens, qsl = args
+    tables = torch.where(tables >= k_cache.shape[0], 0, tables)
+    out_torch = paged_attention_torch(q, k_cache.nan_to_num(), v_cache.nan_to_num(), tables,
+                                      seq_lens, qsl, scale)
+    for o in (out, out_torch):
+        assert not o.isnan().any()
+        assert (o[2:] == 0).all()
+        torch.testing.assert_close(o.float(), ref.float(), **TOL[torch.float32])
