@@ -82,9 +82,12 @@ class Store(BatchQueries, FileQueries):
     """The SQL store (requests here; batches in store.batch_queries, files in store.files). `Store(url)` expects migrated tables (run `inflight db upgrade`);
     `Store(url, create=True)` runs the Alembic migrations first (tests, embedded SQLite)."""
 
-    def __init__(self, url: str, *, create: bool = False, echo: bool = False):
+    def __init__(self, url: str, *, create: bool = False, echo: bool = False,
+                 pre_ping: bool = True):
         self.url = normalize_url(url)
-        kwargs: dict[str, Any] = {"pool_pre_ping": True, "echo": echo}
+        # pre_ping=False saves a round trip per checkout (the HTTP API's polls); a
+        # connection found dead then fails one statement and the pool is invalidated.
+        kwargs: dict[str, Any] = {"pool_pre_ping": pre_ping, "echo": echo}
         self.dialect = make_url(self.url).get_backend_name()
         if self.dialect == "sqlite":
             kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
@@ -106,11 +109,11 @@ class Store(BatchQueries, FileQueries):
             upgrade(self.url)
 
     @classmethod
-    def embedded(cls, url: str) -> "Store":
+    def embedded(cls, url: str, *, pre_ping: bool = True) -> "Store":
         """The embedded default: a SQLite file is created and migrated on first use (a
         Postgres URL is not — production databases are migrated by `inflight db upgrade`)."""
         norm = normalize_url(url)
-        return cls(norm, create=make_url(norm).get_backend_name() == "sqlite")
+        return cls(norm, create=make_url(norm).get_backend_name() == "sqlite", pre_ping=pre_ping)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -218,6 +221,19 @@ class Store(BatchQueries, FileQueries):
         with self.session() as s:
             rows = s.scalars(select(RequestRow).where(RequestRow.id.in_(ids))).all()
             return {r.id: r for r in rows}
+
+    def result_rows(self, request_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """{id: {status, output, finish_reason, usage, error, error_code, finished_at}} for
+        the ids that exist: plain dicts through Core (no ORM objects), for writing large
+        batch result files."""
+        ids = list(request_ids)
+        if not ids:
+            return {}
+        t = RequestRow.__table__.c
+        cols = (t.id, t.status, t.output, t.finish_reason, t.usage, t.error, t.error_code,
+                t.finished_at)
+        with self.session() as s:
+            return {r.id: r._asdict() for r in s.execute(select(*cols).where(t.id.in_(ids)))}
 
     def list_batch(self, batch_id: str, *, status: str | Iterable[str] | None = None,
                    after: str | None = None, limit: int = 1000) -> list[RequestRow]:
