@@ -11,7 +11,9 @@ greedy, ignore_eos, prompt and output lengths drawn once from --seed.
 Before the clock starts, warm-up requests go through the path until every worker has
 finished one (group settled, models loaded). Wall time runs from the first submit to the
 last final row's commit (`updated_at`). Worker CPU seconds come from /proc (utime + stime
-of the worker processes over the timed part), so a busy box shows up as wall time only.
+of the worker processes over the timed part); "cores used" = worker CPU s / wall s and the
+1-minute load average show how much of the box the workers actually got (other jobs on a
+shared box take the rest).
 Output tokens of every request are compared across runs (they must be identical).
 """
 
@@ -94,6 +96,7 @@ def run(args, n_workers: int, model: pathlib.Path, broker, prompts, outputs, wor
         while store.count_by_status()["completed"] < len(warm):
             time.sleep(0.1)
         cpu0 = sum(cpu_seconds(w.pid) for w in workers)
+        load0 = os.getloadavg()[0]
         ids = [f"bench-{tag}-{i}" for i in range(len(prompts))]
         t0 = time.time()
         for rid, p, m in zip(ids, prompts, outputs):
@@ -118,6 +121,7 @@ def run(args, n_workers: int, model: pathlib.Path, broker, prompts, outputs, wor
         for r in rows.values():
             per_worker[r.worker] = per_worker.get(r.worker, 0) + 1
         return {"workers": n_workers, "wall_s": wall, "output_tokens": tokens,
+                "load_avg": (load0 + os.getloadavg()[0]) / 2,
                 "tok_s": tokens / wall, "worker_cpu_s": cpu1 - cpu0,
                 "p50_s": pct(lat, 50), "p99_s": pct(lat, 99),
                 "failed": sum(r.status != "completed" for r in rows.values()),
@@ -186,14 +190,18 @@ def main() -> None:
           f"{args.partitions} partitions, model "
           f"{args.model or f'random Llama h={args.hidden} L={args.layers}'}, "
           f"{args.threads} torch thread(s) per worker, {os.cpu_count()} CPUs\n")
-    print("| workers | output tokens | wall s | output tok/s | speed-up | worker CPU s | tok / CPU s "
-          "| p50 / p99 submit->row s | requests per worker | failed |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| workers | output tokens | wall s | output tok/s | speed-up | worker CPU s | cores used "
+          "| tok / CPU s | p50 / p99 submit->row s | requests per worker | box load avg |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(f"| {r['workers']} | {r['output_tokens']} | {r['wall_s']:.1f} | {r['tok_s']:.1f} | "
               f"{r['tok_s'] / base['tok_s']:.2f}x | {r['worker_cpu_s']:.1f} | "
+              f"{r['worker_cpu_s'] / r['wall_s']:.2f} | "
               f"{r['output_tokens'] / max(r['worker_cpu_s'], 1e-9):.1f} | "
-              f"{r['p50_s']:.1f} / {r['p99_s']:.1f} | {r['per_worker']} | {r['failed']} |")
+              f"{r['p50_s']:.1f} / {r['p99_s']:.1f} | {r['per_worker']} | {r['load_avg']:.1f} |")
+    failed = sum(r["failed"] for r in results)
+    if failed:
+        print(f"\n{failed} requests failed")
     print(f"\noutput tokens identical across runs: {'yes' if same else 'NO'}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(

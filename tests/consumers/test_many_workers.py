@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.postgres]
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
 MAX_TOKENS = 64
-ASSIGNED = re.compile(r"^(\S+ \S+) INFO inflight\.worker worker (\S+) assigned \[(.*)\]$")
+# the rebalance listener's line: "<date> <time> INFO inflight.<module> [worker NAME ]assigned [...]"
+ASSIGNED = re.compile(r"^(\S+ \S+) INFO inflight\.\w+ (?:worker \S+ )?assigned \[(.*)\]$")
 
 
 class WorkerProcess:
@@ -47,9 +48,9 @@ class WorkerProcess:
         out = []
         for line in self.log.read_text(errors="replace").splitlines():
             m = ASSIGNED.match(line)
-            if m and m.group(2) == self.name:
+            if m:  # one log file per worker process
                 at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                parts = {int(p.strip(" '").rsplit("/", 1)[1]) for p in m.group(3).split(",")
+                parts = {int(p.strip(" '").rsplit("/", 1)[1]) for p in m.group(2).split(",")
                          if p.strip(" '").startswith(topic + "/")}
                 out.append((at, parts))
         return out
