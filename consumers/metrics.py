@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 log = logging.getLogger("inflight.metrics")
 
 COUNTERS = ("received", "admitted", "completed", "failed", "cancelled", "dlq", "duplicates",
-            "tokens_out", "commits", "rows_written", "db_retries")
+            "tokens_out", "commits", "rows_written", "db_retries", "rows_refused")
 GAUGES = ("in_flight", "paused_partitions", "commit_lag")
 DOC = {
     "received": "messages polled from Kafka", "admitted": "requests handed to the engine",
@@ -29,6 +29,7 @@ DOC = {
     "duplicates": "messages whose request id was in flight or recently finished",
     "tokens_out": "output tokens published", "commits": "offset commits",
     "rows_written": "rows upserted into the store", "db_retries": "database writes retried",
+    "rows_refused": "rows the database refused (a stand-in row was stored instead)",
     "in_flight": "requests held in memory", "paused_partitions": "partitions paused for backpressure",
     "commit_lag": "polled offsets not yet committable (waiting for final acks)",
 }

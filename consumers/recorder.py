@@ -30,7 +30,7 @@ from consumers.metrics import Metrics
 from schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent, TokenEvent,
                      decode_request, decode_result)
 from schemas.errors import StoreError
-from store import Store, error_row, final_row, queued_row, running_row
+from store import Store, error_row, final_row, queued_row, running_row, stand_in_rows
 
 log = logging.getLogger("inflight.recorder")
 
@@ -39,6 +39,14 @@ BATCH_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 COMMIT_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # How `schemas.encode(TokenEvent)` starts: lets the recorder skip most token events undecoded.
 _TOKEN_PREFIX = b'{"type":"token"'
+
+
+class _Stopping(Exception):
+    """Asked to stop while the database is away: commit nothing."""
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
 
 
 def is_transient(exc: StoreError) -> bool:
@@ -124,7 +132,14 @@ class Recorder:
                         and rec.value.startswith(_TOKEN_PREFIX)
                         and rec.key.decode("utf-8", "replace") in self.running_seen):
                     continue  # a later token event of a request already marked running
-                row = self._row(tp.topic, rec.value)
+                try:
+                    row = self._row(tp.topic, rec.value)
+                except (ValueError, TypeError, OverflowError) as exc:
+                    # NOTE: a message that passed validation but still cannot become a row
+                    # must not crash the recorder at every restart (a poison pill)
+                    log.error("no row from %s/%d@%d: %s; skipped", tp.topic, tp.partition,
+                              rec.offset, exc)
+                    continue
                 if row is not None:
                     rows.append(row)
             offsets[tp] = records[-1].offset + 1
@@ -170,9 +185,36 @@ class Recorder:
         """Upsert until it works (True), or until asked to stop (False).
 
         An unreachable database is retried with backoff, offsets held. A batch the database
-        refuses for its content is written row by row; a row that still cannot be stored is
-        logged and skipped (retrying it forever would stall every request behind it)."""
+        refuses for its content is written row by row, and a row that is still refused is
+        replaced by its stand-ins (store.rows.stand_in_rows: a final row becomes an error
+        row saying why), so the request still ends with one final row and retrying it
+        forever does not stall every request behind it."""
         rows = [clean_row(r) for r in rows]
+        try:
+            refused = self._upsert(rows)
+            if refused is not None:
+                for row in rows:
+                    self._write_row(row)
+        except _Stopping:
+            return False
+        return True
+
+    def _write_row(self, row: dict[str, Any]) -> None:
+        refused = self._upsert([row])
+        if refused is None:
+            return
+        reason = _first_line(refused)
+        self.metrics.inc("rows_refused")
+        log.error("the database refused the %s row of request %s (%s); storing a stand-in",
+                  row["status"], row["id"], reason)
+        for stand_in in stand_in_rows(row, reason):
+            if self._upsert([clean_row(stand_in)]) is None:
+                return
+        log.error("request %s cannot be stored at all and is skipped", row["id"])
+
+    def _upsert(self, rows: list[dict[str, Any]]) -> StoreError | None:
+        """Write `rows`: None when written, the error when the database refuses them. While
+        the database is away: retry with backoff, or raise _Stopping once asked to stop."""
         delay = BACKOFF_START_S
         while True:
             try:
@@ -181,39 +223,15 @@ class Recorder:
                 self.commit_latency.observe(time.perf_counter() - started)
                 self.batch_size.observe(len(rows))
                 self.metrics.inc("rows_written", len(rows))
-                return True
+                return None
             except StoreError as exc:
                 if not is_transient(exc):
-                    return self._write_one_by_one(rows)
+                    return exc
                 self.metrics.inc("db_retries")
                 log.warning("database write failed (%s); retrying in %.1fs, offsets held",
-                            str(exc).splitlines()[0][:200], delay)
+                            _first_line(exc), delay)
             if self._stopping:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, BACKOFF_MAX_S)
-
-    def _write_one_by_one(self, rows: list[dict[str, Any]]) -> bool:
-        for row in rows:
-            if not self._write_row(row):
-                return False
-        return True
-
-    def _write_row(self, row: dict[str, Any]) -> bool:
-        delay = BACKOFF_START_S
-        while True:
-            try:
-                self.store.upsert_requests([row])
-                self.metrics.inc("rows_written")
-                return True
-            except StoreError as exc:
-                if not is_transient(exc):
-                    log.error("request %s cannot be stored and is skipped: %s", row.get("id"), exc)
-                    self.metrics.inc("failed")
-                    return True
-                self.metrics.inc("db_retries")
-            if self._stopping:
-                return False
+                raise _Stopping
             time.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
 

@@ -36,7 +36,7 @@ from kafka.structs import OffsetAndMetadata
 from consumers.cancel import CancelListener
 from consumers.engine_bridge import build_engine, engine_params
 from consumers.engine_metrics import EngineMetrics
-from consumers.kafka_io import LRUSet, group_consumer, producer
+from consumers.kafka_io import LRUSet, group_consumer
 from consumers.lag import LagProbe
 from consumers.metrics import Metrics
 from consumers.offsets import OffsetTracker
@@ -44,6 +44,7 @@ from schemas import (ERR_ENGINE, ERR_INVALID_REQUEST,
                      ErrorEvent, FinalEvent, InferenceRequest, SchemaError, Settings, Timings,
                      TokenEvent, Usage, decode_request, encode)
 from schemas.errors import InflightError
+from schemas.kafka_clients import producer
 
 log = logging.getLogger("inflight.worker")
 
@@ -129,7 +130,7 @@ class Worker:
         self.consumer = group_consumer(s, s.worker_group, max_poll_records=self.max_inflight)
         self.consumer.subscribe([s.topic_requests, s.topic_requests_batch],
                                 listener=_Rebalance(self))
-        self.cancels = CancelListener(s, since=self._started_at)
+        self.cancels = CancelListener(s)  # from now - INFLIGHT_CANCEL_LOOKBACK_S
         if s.metrics_port is not None:
             port = self.metrics.serve(s.metrics_port, s.metrics_host)
             log.info("worker metrics on http://%s:%d/metrics", s.metrics_host, port)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.quant.config import QuantConfig, read_quant_config
+from engine.quant.linear import Linear, load_linear
 from kernels.ops import KernelOps
 from kernels.rotary import rope_cos_sin
 from schemas.errors import ModelError
@@ -37,6 +39,7 @@ class ModelConfig:
     attention_bias: bool
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    quantization: QuantConfig | None = None
 
     @classmethod
     def from_folder(cls, folder: pathlib.Path) -> "ModelConfig":
@@ -68,6 +71,7 @@ class ModelConfig:
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             attention_bias=bool(c.get("attention_bias", arch == "Qwen2ForCausalLM")),
             eos_token_ids=eos, bos_token_id=c.get("bos_token_id"),
+            quantization=read_quant_config(c, folder),
         )
 
 
@@ -84,12 +88,11 @@ class AttentionMetadata:
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    qkv: Linear        # q|k|v fused along N (engine/quant/linear.py: dense, w8 or w4)
+    o: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Linear    # gate|up fused along N
+    down: Linear
 
 
 def _load_tensors(folder: pathlib.Path) -> dict[str, torch.Tensor]:
@@ -117,13 +120,20 @@ class LlamaModel:
         self.scale = cfg.head_dim ** -0.5
         t = _load_tensors(folder)
 
-        def take(name: str, required: bool = True) -> torch.Tensor | None:
+        def stored(name: str, required: bool = True) -> torch.Tensor | None:
             for prefix in ("model.", ""):
                 if prefix + name in t:
-                    return t[prefix + name].to(device=self.device, dtype=dtype).contiguous()
+                    return t[prefix + name]
             if required:
                 raise ModelError(f"{folder}: weight {name!r} is missing from the safetensors files")
             return None
+
+        def take(name: str, required: bool = True) -> torch.Tensor | None:
+            w = stored(name, required)
+            return None if w is None else w.to(device=self.device, dtype=dtype).contiguous()
+
+        def linear(*names: str) -> Linear:
+            return load_linear(stored, names, cfg.quantization, dtype, self.device, ops.name, folder)
 
         self.embed = take("embed_tokens.weight")
         self.norm = take("norm.weight")
@@ -132,16 +142,13 @@ class LlamaModel:
         self.layers: list[LayerWeights] = []
         for i in range(cfg.num_layers):
             p = f"layers.{i}."
-            q, k, v = (take(p + f"self_attn.{n}_proj.weight") for n in "qkv")
-            biases = [take(p + f"self_attn.{n}_proj.bias", required=False) for n in "qkv"]
             self.layers.append(LayerWeights(
                 input_norm=take(p + "input_layernorm.weight"),
-                qkv=torch.cat([q, k, v]).contiguous(),
-                qkv_bias=torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
-                o=take(p + "self_attn.o_proj.weight"),
+                qkv=linear(*(p + f"self_attn.{n}_proj" for n in "qkv")),
+                o=linear(p + "self_attn.o_proj"),
                 post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]).contiguous(),
-                down=take(p + "mlp.down_proj.weight"),
+                gate_up=linear(p + "mlp.gate_proj", p + "mlp.up_proj"),
+                down=linear(p + "mlp.down_proj"),
             ))
         del t
         self.cos_sin = rope_cos_sin(cfg.head_dim, self.max_model_len, cfg.rope_theta, device=self.device)
@@ -168,7 +175,7 @@ class LlamaModel:
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x, residual = ops.rms_norm(h, layer.input_norm, c.rms_norm_eps, residual)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(x)
             q = qkv[:, :self.q_size].view(T, c.num_heads, c.head_dim)
             k = qkv[:, self.q_size:self.q_size + self.kv_size].view(T, c.num_kv_heads, c.head_dim)
             v = qkv[:, self.q_size + self.kv_size:].view(T, c.num_kv_heads, c.head_dim)
@@ -176,9 +183,9 @@ class LlamaModel:
             ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             o = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.query_start_loc, self.scale)
-            h = F.linear(o.reshape(T, self.q_size), layer.o)
+            h = layer.o(o.reshape(T, self.q_size))
             x, residual = ops.rms_norm(h, layer.post_norm, c.rms_norm_eps, residual)
-            h = F.linear(ops.silu_and_mul(F.linear(x, layer.gate_up)), layer.down)
+            h = layer.down(ops.silu_and_mul(layer.gate_up(x)))
         # only the rows that sample need the final norm and the LM head
         h, _ = ops.rms_norm(h[logits_indices], self.norm, c.rms_norm_eps, residual[logits_indices])
         return F.linear(h, self.lm_head).float()

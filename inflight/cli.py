@@ -83,6 +83,24 @@ def cmd_model(args, settings: Settings) -> int:
     return 0
 
 
+def cmd_quantize(args, settings: Settings) -> int:
+    from engine.quant.config import QuantConfig
+    from engine.quant.quantize import quantize_model
+    from inflight.model import resolve_model
+
+    t0 = time.monotonic()
+    quant = QuantConfig(args.scheme, args.group_size, args.method)
+    src = resolve_model(args.model, settings)
+    say = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
+        (lambda line: print(line, flush=True))
+    sizes = {k: v for k, v in (("num_samples", args.samples), ("seq_len", args.seq_len)) if v is not None}
+    out = quantize_model(src, args.output, quant, calib=args.calib, progress=say, **sizes)
+    _print(args, str(out), {"model_path": str(out), "source": str(src), "scheme": quant.scheme,
+                            "group_size": quant.group_size, "method": quant.method,
+                            "seconds": round(time.monotonic() - t0, 2)})
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="inflight", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -116,6 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
     mf.add_argument("--model", default=None, help="a local Hugging Face Llama-family folder instead")
     mf.add_argument("--json", action="store_true")
     mf.set_defaults(func=cmd_model)
+
+    qz = sub.add_parser("quantize", help="write a weight-only quantized copy of a model folder (w8 / w4)")
+    qz.add_argument("model", nargs="?", default=None,
+                    help="a Hugging Face Llama-family folder (default: the bundled model)")
+    qz.add_argument("-o", "--output", required=True, help="the new folder to write")
+    qz.add_argument("--scheme", choices=("w8", "w4"), required=True,
+                    help="w8: int8 per output channel; w4: int4 per group of --group-size")
+    qz.add_argument("--group-size", type=int, default=None, help="w4 only: 128 (default), 64 or 32")
+    qz.add_argument("--method", choices=("rtn", "gptq"), default="rtn",
+                    help="rtn: round to nearest; gptq: error-compensating, calibrated on text")
+    qz.add_argument("--calib", default=None,
+                    help="gptq: a UTF-8 text file to calibrate on (default: Python stdlib docstrings)")
+    qz.add_argument("--samples", type=int, default=None, help="gptq: calibration windows (128)")
+    qz.add_argument("--seq-len", type=int, default=None, help="gptq: tokens per calibration window (256)")
+    qz.add_argument("--json", action="store_true")
+    qz.set_defaults(func=cmd_quantize)
 
     from inflight import commands  # service subcommands: submit, result, stream, worker, recorder, demo
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
 from pydantic import ValidationError
@@ -29,6 +29,7 @@ from schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, FinalEven
                      decode_result, encode)
 from schemas.codec import schema_error
 from schemas.errors import BrokerError, InflightError
+from schemas.kafka_clients import partitions_of, plain_consumer, producer
 from store import FINAL_STATUSES, Store
 
 NOT_FOUND = "not_found"
@@ -125,14 +126,7 @@ class Client:
     @property
     def producer(self) -> KafkaProducer:
         if self._producer is None:
-            s = self.settings
-            try:
-                self._producer = KafkaProducer(
-                    acks="all", linger_ms=5, enable_idempotence=s.kafka_enable_idempotence,
-                    max_request_size=s.kafka_max_message_bytes + 64_000, **s.kafka_common())
-            except KafkaError as exc:
-                raise BrokerError(f"cannot reach Kafka at {s.kafka_bootstrap!r} ({exc}): start "
-                                  "a broker (`inflight broker`) or set INFLIGHT_KAFKA_BOOTSTRAP") from exc
+            self._producer = producer(self.settings, linger_ms=5)
         return self._producer
 
     @property
@@ -286,18 +280,11 @@ class Client:
         s = self.settings
         start_ms = int(((since if since is not None else self._since(request_id))
                         - STREAM_CLOCK_SLACK_S) * 1000)
-        consumer = KafkaConsumer(group_id=None, enable_auto_commit=False,
-                                 auto_offset_reset="earliest", **s.kafka_common())
+        consumer = plain_consumer(s)
         key = request_id.encode()
         try:
-            parts = consumer.partitions_for_topic(s.topic_results)
             deadline = time.monotonic() + timeout
-            while not parts:
-                if time.monotonic() > deadline:
-                    raise BrokerError(f"results topic {s.topic_results!r} does not exist")
-                consumer.topics()
-                time.sleep(0.1)
-                parts = consumer.partitions_for_topic(s.topic_results)
+            parts = partitions_of(consumer, s.topic_results, timeout=timeout)
             tp = TopicPartition(s.topic_results, partition_for(request_id, len(parts)))
             consumer.assign([tp])
             while True:  # nothing stamped after `since` yet: ask again until something is

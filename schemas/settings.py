@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a container, so Prometheus can scrape it
     # Idempotent producers break on Tansu after a broker restart: off unless asked for.
     kafka_enable_idempotence: bool = False
+    # cancels stamped this far back are honoured by a worker that starts later (a request
+    # can wait that long in a backlog); 24 h = the OpenAI batch completion window
+    cancel_lookback_s: float = Field(default=86_400.0, ge=0.0)
     worker_drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work for this long, then hand back
     metrics_interval_s: float = 10.0  # one-line summary period (0 = never)
     metrics_lag_interval_s: float = 5.0  # consumer-lag probe period (only with a metrics port)

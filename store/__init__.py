@@ -7,7 +7,8 @@ from store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BATCH_STATUS
                           IN_PROGRESS, QUEUED, RUNNING, STATUS_RANK, STATUSES, VALIDATING,
                           BatchRow, FileRow, RequestRow)
 from store.queries import Store, normalize_url
-from store.rows import FINISH_TO_STATUS, error_row, final_row, queued_row, running_row
+from store.rows import (FINISH_TO_STATUS, error_row, final_row, queued_row, running_row,
+                        stand_in_rows)
 
 __all__ = ["Store", "upgrade", "normalize_url", "RequestRow", "BatchRow", "FileRow", "STATUSES",
            "BATCH_STATUSES", "BATCH_FINAL_STATUSES", "BATCH_PREDECESSORS", "VALIDATING",
@@ -15,4 +16,4 @@ __all__ = ["Store", "upgrade", "normalize_url", "RequestRow", "BatchRow", "FileR
            "new_file_id",
            "FINAL_STATUSES", "STATUS_RANK", "QUEUED", "RUNNING", "COMPLETED", "FAILED",
            "CANCELLED", "EXPIRED", "FINISH_TO_STATUS", "queued_row", "running_row", "final_row",
-           "error_row"]
+           "error_row", "stand_in_rows"]

@@ -11,11 +11,13 @@ NOTE: so a final row (completed/failed/cancelled/expired), once written, is neve
 overwritten — not by a duplicate final (first wins), not by a late queued/running; a
 NULL in the new row never erases a value already stored.
 
-One exception fills gaps without moving anything: the describing columns (_FILL_ONLY:
-prompt, params, batch_id, priority, custom_id, owner) of a row that lacks them are taken from a row that
-does not move forward. Events can reach the recorder out of order (the final event
-before the queued one, from different topics), and the final row must not lose the
-prompt; a value already stored is never replaced.
+The describing columns (_FILL_ONLY: prompt, params, batch_id, priority, custom_id,
+owner) follow their own rule, first value wins: they are filled where missing (also by a
+row that does not move forward) and never replaced (also not by one that does). Events
+can reach the recorder out of order (the final event before the queued one, from
+different topics), and the final row must not lose the prompt; and a second submission
+of the same request_id (the idempotency key) carrying another prompt must not overwrite
+the first one's prompt and params, which is what the worker ran.
 """
 
 from __future__ import annotations
@@ -67,11 +69,13 @@ def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     if old is None:
         return new
     r_old, r_new = STATUS_RANK[old["status"]], STATUS_RANK[new["status"]]
+    fills = {k: new[k] for k in _FILL_ONLY if old[k] is None and new[k] is not None}
     if r_new > r_old or (r_new == r_old and r_old < 2):
         return {k: (new[k] if new[k] is not None or k in _KEEP_ON_CONFLICT else old[k])
-                for k in new} | {"created_at": old["created_at"],
-                                 "attempts": max(old["attempts"], new["attempts"])}
-    return old | {k: new[k] for k in _FILL_ONLY if old[k] is None and new[k] is not None}
+                for k in new} | {k: old[k] for k in _FILL_ONLY} | fills | {
+                    "created_at": old["created_at"],
+                    "attempts": max(old["attempts"], new["attempts"])}
+    return old | fills
 
 
 class Store(BatchQueries, FileQueries):
@@ -130,6 +134,10 @@ class Store(BatchQueries, FileQueries):
                     "Check INFLIGHT_DATABASE_URL and that the server is up; the operation "
                     "was not applied and can be retried.") from e
             raise StoreError(f"database error on {redact(self.url)}: {e.orig or e}") from e
+        except (SQLAlchemyError, UnicodeError) as e:
+            # a value the driver cannot send (bind processing, an unencodable string): the
+            # data is refused, the database is fine (callers must not retry it as is)
+            raise StoreError(f"database {redact(self.url)} cannot take a value: {e}") from e
 
     # --- requests ---------------------------------------------------------------------
 
@@ -169,8 +177,7 @@ class Store(BatchQueries, FileQueries):
                 set_ = {c: case((forward, func.coalesce(new[c], old[c])), else_=old[c])
                         for c in _REQUEST_COLUMNS
                         if c not in _KEEP_ON_CONFLICT and c not in _FILL_ONLY}
-                set_ |= {c: case((forward, func.coalesce(new[c], old[c])),
-                                 else_=func.coalesce(old[c], new[c])) for c in _FILL_ONLY}
+                set_ |= {c: func.coalesce(old[c], new[c]) for c in _FILL_ONLY}  # first wins
                 set_["attempts"] = case((forward, self._greatest(new.attempts, old.attempts)),
                                         else_=old.attempts)
                 stmt = stmt.on_conflict_do_update(index_elements=[table.c.id], set_=set_,

@@ -74,7 +74,7 @@ def read_topic(settings: Settings, topic: str, *, until=None, timeout: float = 1
     """Every record of `topic` from the beginning (stops when `until(records)` or timeout)."""
     from kafka import TopicPartition
 
-    from consumers.kafka_io import partitions_of, plain_consumer
+    from schemas.kafka_clients import partitions_of, plain_consumer
 
     consumer = plain_consumer(settings)
     try:

@@ -1,0 +1,99 @@
+"""Calibration and evaluation text that ships with every Python: the standard library's
+own docstrings (English prose with some code), read from its source files with `ast`
+(nothing is imported or executed).
+
+- Calibration (GPTQ's Hessians): the docstrings of CALIBRATION_MODULES.
+- Evaluation (perplexity, held out): the docstrings of EVALUATION_MODULES, a disjoint list
+  of files; any docstring that also occurs in the calibration text (e.g. "Return self==value.")
+  is dropped, so no passage is in both.
+
+Both lists are fixed; the text itself is that of the running Python's standard library
+(3.11 on the dev box), so `text_digest` is recorded beside every figure and in a quantized
+folder's config.json. Files missing from another Python version are skipped.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import inspect
+import pathlib
+import sysconfig
+from typing import Callable, Sequence
+
+from schemas.errors import ConfigError
+
+CALIBRATION_MODULES = (
+    "typing.py", "argparse.py", "dataclasses.py", "functools.py", "subprocess.py",
+    "threading.py", "logging/__init__.py", "json/__init__.py", "email/message.py",
+    "unittest/case.py", "inspect.py", "enum.py", "tarfile.py", "shutil.py", "os.py",
+    "collections/__init__.py", "asyncio/events.py", "asyncio/tasks.py", "http/client.py",
+    "urllib/request.py", "socket.py", "ssl.py", "doctest.py", "optparse.py", "codecs.py",
+    "locale.py", "mailbox.py", "queue.py", "heapq.py", "pydoc.py", "traceback.py", "ast.py",
+    "sched.py", "selectors.py", "http/server.py", "email/utils.py", "multiprocessing/pool.py",
+)
+EVALUATION_MODULES = (
+    "_pydecimal.py", "statistics.py", "fractions.py", "difflib.py", "calendar.py", "random.py",
+    "textwrap.py", "string.py", "configparser.py", "smtplib.py", "ftplib.py", "imaplib.py",
+    "pickle.py", "csv.py", "bisect.py", "tempfile.py", "glob.py", "fnmatch.py", "contextlib.py",
+    "copy.py", "weakref.py", "numbers.py", "gettext.py", "pprint.py", "shlex.py", "zipimport.py",
+)
+
+
+def stdlib_dir() -> pathlib.Path:
+    return pathlib.Path(sysconfig.get_paths()["stdlib"])
+
+
+def docstrings(path: pathlib.Path) -> list[str]:
+    """Module, class and function docstrings of one source file, in source order."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    nodes = [tree] + [n for n in ast.walk(tree)
+                      if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    nodes.sort(key=lambda n: getattr(n, "lineno", 0))
+    out = []
+    for node in nodes:
+        doc = ast.get_docstring(node, clean=False)
+        if doc and len(doc.split()) >= 4:  # one-word stubs carry no language
+            out.append(inspect.cleandoc(doc))
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _collect(modules: tuple[str, ...], exclude: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """Unique docstrings of `modules` (not in `exclude`), in file and source order."""
+    root = stdlib_dir()
+    seen: set[str] = set(exclude)
+    out = []
+    for rel in modules:
+        path = root / rel
+        if not path.is_file():
+            continue
+        for doc in docstrings(path):
+            if doc not in seen:
+                seen.add(doc)
+                out.append(doc)
+    return tuple(out)
+
+
+def calibration_text() -> str:
+    return "\n\n".join(_collect(CALIBRATION_MODULES))
+
+
+def evaluation_text() -> str:
+    return "\n\n".join(_collect(EVALUATION_MODULES, frozenset(_collect(CALIBRATION_MODULES))))
+
+
+def text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def token_windows(encode: Callable[[str], Sequence[int]], text: str, num_windows: int,
+                  window: int, what: str = "calibration") -> list[list[int]]:
+    """The first `num_windows` consecutive, non-overlapping `window`-token pieces of `text`."""
+    ids = list(encode(text))
+    have = len(ids) // window
+    if have < num_windows:
+        raise ConfigError(f"the {what} text has {len(ids)} tokens: {have} windows of {window}, "
+                          f"{num_windows} asked; give a longer text (--calib FILE) or fewer/shorter samples")
+    return [ids[i * window:(i + 1) * window] for i in range(num_windows)]

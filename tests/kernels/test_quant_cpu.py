@@ -1,0 +1,74 @@
+"""torch's packed int8 / int4 CPU matmuls (kernels/quant_cpu.py) and the engine's quantized
+linear layers on every path they take, against the dequantizing references."""
+
+import pytest
+import torch
+
+from engine.quant.linear import W4Linear, W8Linear
+from kernels.quant import num_groups, pack_int4, w4a16_matmul_ref, w8a16_matmul_ref
+from kernels.quant_cpu import (INT4_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS, Int4PackedCPU, aligned,
+                               w8a16_matmul_cpu)
+
+TOL = {torch.bfloat16: dict(atol=3e-2, rtol=2e-2), torch.float16: dict(atol=5e-3, rtol=5e-3),
+       torch.float32: dict(atol=1e-5, rtol=1e-5)}
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def w8(n, k, seed=0):
+    return (torch.randint(-127, 128, (n, k), generator=gen(seed), dtype=torch.int8),
+            (torch.rand(n, generator=gen(seed + 1)) * 0.01 + 0.001).half())
+
+
+def w4(n, k, group, seed=0):
+    g = num_groups(k, group)
+    return (pack_int4(torch.randint(0, 16, (n, k), generator=gen(seed), dtype=torch.uint8)),
+            (torch.rand(n, g, generator=gen(seed + 1)) * 0.02 + 0.002).half(),
+            torch.randint(0, 16, (n, g), generator=gen(seed + 2), dtype=torch.uint8))
+
+
+def x_of(m, k, dtype, seed=5):
+    return torch.randn(m, k, generator=gen(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int8_packed_matches_reference(dtype):
+    q, s = w8(48, 96)
+    x = x_of(3, 96, dtype)
+    bias = torch.randn(48, generator=gen(9)).to(dtype)
+    got = w8a16_matmul_cpu(x, aligned(q), s.to(dtype), bias)
+    torch.testing.assert_close(got.float(), w8a16_matmul_ref(x.float(), q, s, bias.float()), **TOL[dtype])
+
+
+def test_aligned_copies_only_misaligned_tensors():
+    buf = torch.zeros(1024, dtype=torch.int8)
+    assert aligned(buf) is buf
+    view = buf[8:]  # 8 bytes off a 64-byte boundary
+    fixed = aligned(view)
+    assert fixed.data_ptr() % 64 == 0 and torch.equal(fixed, view)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k,group", [(128, 32), (160, 128)])  # 160 = 128 + a ragged 32: padded
+def test_int4_packed_matches_reference(dtype, k, group):
+    q, s, z = w4(32, k, group)
+    packed = Int4PackedCPU.from_w4(q, s, z, group, dtype)
+    x = x_of(5, k, dtype)
+    got = packed.matmul(x)
+    torch.testing.assert_close(got.float(), w4a16_matmul_ref(x.float(), q, s, z, group), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_linear_layers_match_reference_on_every_path(dtype):
+    """Rows at and past each packed-kernel limit: both sides of the CPU dispatch."""
+    q, s = w8(64, 96, seed=1)
+    q4, s4, z4 = w4(64, 160, 128, seed=2)
+    lin8 = W8Linear(q, s, None, dtype, "torch")
+    lin4 = W4Linear(q4, s4, z4, 128, None, dtype, "torch")
+    assert (lin8.cpu_scales is not None) == (lin4.cpu_packed is not None) == (dtype != torch.float32)
+    for m in (1, INT8_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS + 1, INT4_PACKED_MAX_ROWS, INT4_PACKED_MAX_ROWS + 1):
+        x8, x4 = x_of(m, 96, dtype), x_of(m, 160, dtype)
+        torch.testing.assert_close(lin8(x8).float(), w8a16_matmul_ref(x8.float(), q, s), **TOL[dtype])
+        torch.testing.assert_close(lin4(x4).float(), w4a16_matmul_ref(x4.float(), q4, s4, z4, 128), **TOL[dtype])
