@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from datetime import datetime
 from pathlib import Path
 
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.postgres]
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
-MAX_TOKENS = 64
+MAX_TOKENS = 48
 # the rebalance listener's line: "<date> <time> INFO inflight.<module> [worker NAME ]assigned [...]"
 ASSIGNED = re.compile(r"^(\S+ \S+) INFO inflight\.\w+ (?:worker \S+ )?assigned \[(.*)\]$")
 
@@ -74,6 +75,20 @@ def wait_until(cond, timeout: float, what: str, logs=()):
         time.sleep(0.05)
 
 
+def spread_ids(n: int, tag: str) -> list[str]:
+    """n request ids whose keys land round-robin on the partitions (every worker gets some,
+    whatever partitions it owns)."""
+    from producers.client import partition_for
+
+    pools: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
+    k = 0
+    while any(len(pool) < -(-n // PARTITIONS) for pool in pools.values()):
+        rid = f"{tag}-{k}"
+        k += 1
+        pools[partition_for(rid, PARTITIONS)].append(rid)
+    return [pools[i % PARTITIONS][i // PARTITIONS] for i in range(n)]
+
+
 def settled(workers: list[WorkerProcess], topic: str) -> bool:
     """Every worker's latest assignment is non-empty and together they own each partition once."""
     latest = [max(w.assignments(topic), default=(0.0, set()))[1] for w in workers]
@@ -97,20 +112,28 @@ def test_three_workers_share_one_dies_one_joins(broker, tiny_model, postgres_url
     from store import Store
 
     url = migrated(postgres_url)
+    # NOTE: a longer session than the suite's 2 s: on a loaded 2-core box 2 s heartbeats
+    # get missed and the group keeps rebalancing; the takeover time scales with it.
     settings = make_settings(broker, url, partitions=PARTITIONS, worker_max_inflight=4,
-                             metrics_interval_s=0.0)
+                             metrics_interval_s=0.0).model_copy(
+        update={"kafka_session_timeout_ms": 4000, "kafka_heartbeat_interval_ms": 800})
     store = Store(url)
     recorder = Service(settings, None, store, worker=False)
     client = Client(settings, store=store)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0)
     prompts = [f"request {i} of the scale out test" for i in range(48)]
+    rids = spread_ids(48, f"scale-{uuid.uuid4().hex[:8]}")
+
+    def submit(lo: int, hi: int) -> list[str]:
+        return client.submit_many([{"request_id": rids[i], "prompt": prompts[i]}
+                                   for i in range(lo, hi)], params)
     workers = [WorkerProcess(settings, tiny_model, tmp_path / f"w{i}.log") for i in range(3)]
     logs = [w.log for w in workers]
     topic = settings.topic_requests
     try:
         # phase 1: once the group has settled on three members, they share the load
         wait_until(lambda: settled(workers, topic), 120, "three workers in the group", logs)
-        ids = client.submit_many(prompts[:24], params)
+        ids = submit(0, 24)
 
         def finished_by() -> dict[str, int]:
             counts: dict[str, int] = {}
@@ -126,7 +149,7 @@ def test_three_workers_share_one_dies_one_joins(broker, tiny_model, postgres_url
         victim, survivors = workers[0], workers[1:]
         lost = max(victim.assignments(topic))[1]
         assert lost, "the victim owned no partition"
-        ids += client.submit_many(prompts[24:36], params)
+        ids += submit(24, 36)
         killed_at = time.time()
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait(10)
@@ -141,7 +164,7 @@ def test_three_workers_share_one_dies_one_joins(broker, tiny_model, postgres_url
         logs.append(joiner.log)
         wait_until(lambda: any(parts for _, parts in joiner.assignments(topic)), 60,
                    "the new worker to be assigned partitions", logs)
-        ids += client.submit_many(prompts[36:], params)
+        ids += submit(36, 48)
         wait_until(lambda: finished_by().get(joiner.name), 90, "the new worker to finish requests",
                    logs)
 
