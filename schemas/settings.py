@@ -65,10 +65,12 @@ class Settings(BaseSettings):
     max_num_seqs: int | None = None  # requests running at once (None = worker_max_inflight)
     max_num_batched_tokens: int | None = None  # token budget of one forward pass (2048)
     max_model_len: int | None = None  # context cap (None = the checkpoint's)
-    kv_cache_bytes: int | None = None  # KV budget in bytes (engine default: 1 GiB)
+    kv_cache_bytes: int | None = None  # KV budget in bytes (engine default: 1 GiB on CPU; CUDA: below)
+    kv_cache_memory_fraction: float | None = None  # CUDA, no kv_cache_bytes: share of free GPU memory (0.9)
     block_size: int | None = None  # tokens per KV block (16)
     enable_prefix_caching: bool = True
     kernels: str | None = None  # torch | triton (None = triton on CUDA, torch on CPU)
+    cuda_graphs: bool | None = None  # decode steps as CUDA graphs (None = on for CUDA + triton; 0 = off)
     # --device cuda:auto: workers of one host claim distinct GPUs through lock files here
     gpu_lock_dir: Path | None = None  # None = <data_dir>/gpu-locks
 
