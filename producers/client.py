@@ -169,15 +169,20 @@ class Client:
         return req.request_id
 
     def _publish(self, req: InferenceRequest) -> None:
+        self.send(req)
+        self._submitted[req.request_id] = req.submitted_at
+
+    def send(self, req: InferenceRequest) -> Any:
+        """Publish one request without flushing or remembering it (long-running servers);
+        returns kafka-python's future, done when Kafka acknowledged the record."""
         value = encode(req)
         if len(value) > self.settings.kafka_max_message_bytes:
             raise SchemaError(f"request {req.request_id} is {len(value)} bytes, over the limit "
                               f"of {self.settings.kafka_max_message_bytes} "
                               "(INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten the prompt",
-                              request_id=req.request_id)
-        self._submitted[req.request_id] = req.submitted_at
+                              request_id=req.request_id, code="message_too_large")
         try:
-            self.producer.send(self.topic_for(req), key=req.request_id.encode(), value=value)
+            return self.producer.send(self.topic_for(req), key=req.request_id.encode(), value=value)
         except KafkaError as exc:
             raise BrokerError(f"publishing {req.request_id} failed: {exc}") from exc
 

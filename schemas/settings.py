@@ -95,6 +95,18 @@ class Settings(BaseSettings):
     stream_interval_ms: int = Field(default=50, ge=0)
     stream_max_tokens: int = Field(default=256, ge=1)
 
+    # --- HTTP API (api/, `inflight api`) -------------------------------------------------
+    # INFLIGHT_API_AUTH=off serves everyone without a key: only for the local demo (logged loudly).
+    api_auth: bool = True
+    api_max_body_bytes: int = 4_000_000        # JSON bodies (single requests, chat completions)
+    api_max_upload_bytes: int = 200_000_000    # one uploaded batch file / message-batch body
+    api_max_upload_lines: int = 50_000         # lines (requests) in one batch file
+    api_max_line_bytes: int = 1_000_000        # one line of a batch file
+    api_key_cache_s: float = 2.0               # a verified key is re-checked for revocation this often
+    api_wait_timeout_s: float = 600.0          # chat completions: wait this long for the final event
+    api_max_streams: int = 64                  # open SSE streams / waiting chat completions per process
+    api_final_cache_bytes: int = 64_000_000    # answers of finished requests kept per process (0 = off)
+
     def kafka_common(self) -> dict[str, Any]:
         """kafka-python keyword arguments shared by producers, consumers and admin clients."""
         opts: dict[str, Any] = {

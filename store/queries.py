@@ -82,9 +82,12 @@ class Store(BatchQueries, FileQueries):
     """The SQL store (requests here; batches in store.batch_queries, files in store.files). `Store(url)` expects migrated tables (run `inflight db upgrade`);
     `Store(url, create=True)` runs the Alembic migrations first (tests, embedded SQLite)."""
 
-    def __init__(self, url: str, *, create: bool = False, echo: bool = False):
+    def __init__(self, url: str, *, create: bool = False, echo: bool = False,
+                 pre_ping: bool = True):
         self.url = normalize_url(url)
-        kwargs: dict[str, Any] = {"pool_pre_ping": True, "echo": echo}
+        # pre_ping=False saves a round trip per checkout (the HTTP API's polls); a
+        # connection found dead then fails one statement and the pool is invalidated.
+        kwargs: dict[str, Any] = {"pool_pre_ping": pre_ping, "echo": echo}
         self.dialect = make_url(self.url).get_backend_name()
         if self.dialect == "sqlite":
             kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
@@ -106,11 +109,11 @@ class Store(BatchQueries, FileQueries):
             upgrade(self.url)
 
     @classmethod
-    def embedded(cls, url: str) -> "Store":
+    def embedded(cls, url: str, *, pre_ping: bool = True) -> "Store":
         """The embedded default: a SQLite file is created and migrated on first use (a
         Postgres URL is not — production databases are migrated by `inflight db upgrade`)."""
         norm = normalize_url(url)
-        return cls(norm, create=make_url(norm).get_backend_name() == "sqlite")
+        return cls(norm, create=make_url(norm).get_backend_name() == "sqlite", pre_ping=pre_ping)
 
     def close(self) -> None:
         self.engine.dispose()
