@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.postgres]
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
-MAX_TOKENS = 48
+MAX_TOKENS = 32
 # the rebalance listener's line: "<date> <time> INFO inflight.<module> [worker NAME ]assigned [...]"
 ASSIGNED = re.compile(r"^(\S+ \S+) INFO inflight\.\w+ (?:worker \S+ )?assigned \[(.*)\]$")
 
@@ -121,8 +121,8 @@ def test_three_workers_share_one_dies_one_joins(broker, tiny_model, postgres_url
     recorder = Service(settings, None, store, worker=False)
     client = Client(settings, store=store)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0)
-    prompts = [f"request {i} of the scale out test" for i in range(48)]
-    rids = spread_ids(48, f"scale-{uuid.uuid4().hex[:8]}")
+    prompts = [f"request {i} of the scale out test" for i in range(32)]
+    rids = spread_ids(32, f"scale-{uuid.uuid4().hex[:8]}")
 
     def submit(lo: int, hi: int) -> list[str]:
         return client.submit_many([{"request_id": rids[i], "prompt": prompts[i]}
@@ -133,7 +133,7 @@ def test_three_workers_share_one_dies_one_joins(broker, tiny_model, postgres_url
     try:
         # phase 1: once the group has settled on three members, they share the load
         wait_until(lambda: settled(workers, topic), 120, "three workers in the group", logs)
-        ids = submit(0, 24)
+        ids = submit(0, 16)
 
         def finished_by() -> dict[str, int]:
             counts: dict[str, int] = {}
@@ -149,7 +149,7 @@ def test_three_workers_share_one_dies_one_joins(broker, tiny_model, postgres_url
         victim, survivors = workers[0], workers[1:]
         lost = max(victim.assignments(topic))[1]
         assert lost, "the victim owned no partition"
-        ids += submit(24, 36)
+        ids += submit(16, 24)
         killed_at = time.time()
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait(10)
@@ -164,15 +164,15 @@ def test_three_workers_share_one_dies_one_joins(broker, tiny_model, postgres_url
         logs.append(joiner.log)
         wait_until(lambda: any(parts for _, parts in joiner.assignments(topic)), 60,
                    "the new worker to be assigned partitions", logs)
-        ids += submit(36, 48)
+        ids += submit(24, 32)
         wait_until(lambda: finished_by().get(joiner.name), 90, "the new worker to finish requests",
                    logs)
 
         rows = wait_rows(store, ids, timeout=120)
-        assert len(rows) == len(ids) == 48
+        assert len(rows) == len(ids) == 32
         assert {r.status for r in rows.values()} == {"completed"}, finished_by()
         reference = tiny_engine(tiny_model).generate(
-            prompts, [EngineParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0)] * 48)
+            prompts, [EngineParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0)] * 32)
         for rid, want in zip(ids, reference):
             assert rows[rid].output_token_ids == want.token_ids
         by_worker = finished_by()
