@@ -49,7 +49,7 @@ def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: 
                  kv_cache_mb: int | None = None, device: str | None = None,
                  dtype: str | None = None) -> Any:
     from engine import Engine, EngineConfig
-    from inflight.model import resolve_model
+    from engine.model_folder import resolve_model
 
     path = resolve_model(model, settings)
     kw = engine_overrides(settings, max_num_seqs=max_num_seqs, kv_cache_mb=kv_cache_mb,

@@ -1,10 +1,11 @@
 """The recorder: request and result topics in, idempotent upserts into the store.
 
-    poll (requests, requests.batch, results) ─► rows ─► Store.upsert_requests ─► commit
+    poll (requests, requests.batch, results; not results.tokens) ─► rows ─► Store.upsert_requests ─► commit
 
 - request message → `queued` row (prompt, params); invalid ones are skipped here (the
   worker publishes their ErrorEvent, which lands as a `failed` row);
-- first token event of an id → `running` row (a bounded LRU skips the rest);
+- StatusEvent (a worker admitted it) → `running` row (worker, start time). Token deltas
+  live on their own topic, which the recorder does not read: its volume follows requests;
 - FinalEvent / ErrorEvent → the final row. The store's upsert is forward-only, so a
   duplicate final event (a request redone after a worker crash) changes nothing.
 
@@ -24,10 +25,10 @@ from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from consumers.kafka_io import LRUSet, group_consumer
+from consumers.kafka_io import group_consumer
 from consumers.lag import LagProbe
 from consumers.metrics import Metrics
-from schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent, TokenEvent,
+from schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent,
                      decode_request, decode_result)
 from schemas.errors import StoreError
 from store import Store, error_row, final_row, queued_row, running_row, stand_in_rows
@@ -37,8 +38,6 @@ log = logging.getLogger("inflight.recorder")
 BACKOFF_START_S, BACKOFF_MAX_S = 0.2, 5.0
 BATCH_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 COMMIT_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-# How `schemas.encode(TokenEvent)` starts: lets the recorder skip most token events undecoded.
-_TOKEN_PREFIX = b'{"type":"token"'
 
 
 class _Stopping(Exception):
@@ -84,7 +83,6 @@ class Recorder:
             "commit_latency_seconds", "seconds per store upsert + database commit",
             COMMIT_LATENCY_BUCKETS)
         self.lag: LagProbe | None = None
-        self.running_seen = LRUSet(100_000)
         self.consumer = None
         self._stopping = False
 
@@ -128,10 +126,6 @@ class Recorder:
         for tp, records in batch.items():
             for rec in records:
                 n += 1
-                if (rec.key is not None and rec.value is not None
-                        and rec.value.startswith(_TOKEN_PREFIX)
-                        and rec.key.decode("utf-8", "replace") in self.running_seen):
-                    continue  # a later token event of a request already marked running
                 try:
                     row = self._row(tp.topic, rec.value)
                 except (ValueError, TypeError, OverflowError) as exc:
@@ -166,17 +160,10 @@ class Recorder:
             return None
         if isinstance(event, StatusEvent):
             return running_row(event.request_id, worker=event.worker, started_at=event.at)
-        if isinstance(event, TokenEvent):
-            if event.request_id in self.running_seen:
-                return None
-            self.running_seen.add(event.request_id)
-            return running_row(event.request_id)
         if isinstance(event, FinalEvent):
-            self.running_seen.discard(event.request_id)
             self.metrics.inc("cancelled" if event.finish_reason == "abort" else "completed")
             return final_row(event)
         if isinstance(event, ErrorEvent) and event.request_id is not None:
-            self.running_seen.discard(event.request_id)
             self.metrics.inc("failed")
             return error_row(event)
         return None
