@@ -1,9 +1,16 @@
 """The cancel topic, read by every worker outside the consumer group.
 
 Each worker assigns itself every partition of `inflight.cancel` and starts at the first
-message stamped at or after its own start time (`offsets_for_times`, which is correct on
-Tansu and Kafka; "latest" is not used). Until such a message exists, the lookup is retried
-now and then. Values are a request id, raw or as `{"request_id": ...}`.
+message stamped at or after `now - INFLIGHT_CANCEL_LOOKBACK_S` (`offsets_for_times`, which
+is correct on Tansu and Kafka; "latest" is not used, and neither are end offsets, which
+Tansu gets wrong). So a cancel sent while no worker ran still reaches a request that is
+still queued when a worker starts, within the lookback.
+
+NOTE: the cancels of the lookback window are read before the worker admits anything: the
+constructor reads until a poll comes back empty (at most CATCH_UP_S) and the first poll()
+returns them. Until some message is stamped inside the window, the lookup is retried now
+and then. Values are a request id, raw or as `{"request_id": ...}`. Memory stays bounded:
+the worker remembers cancelled ids in an LRU set (the newest ones win).
 """
 
 from __future__ import annotations
@@ -15,8 +22,8 @@ import orjson
 from kafka import TopicPartition
 from kafka.errors import KafkaError
 
-from consumers.kafka_io import partitions_of, plain_consumer
 from schemas.base import ID_RE
+from schemas.kafka_clients import partitions_of, plain_consumer
 from schemas.settings import Settings
 
 log = logging.getLogger("inflight.cancel")
@@ -38,9 +45,15 @@ def parse_cancel(value: bytes | None, key: bytes | None) -> str | None:
 
 class CancelListener:
     RESOLVE_EVERY_S = 0.5
+    CATCH_UP_S = 5.0         # at most this long reading the window's backlog at start
+    CATCH_UP_POLL_MS = 300   # a poll this long that returns nothing = caught up
 
     def __init__(self, settings: Settings, since: float | None = None):
-        self.since_ms = int((since if since is not None else time.time()) * 1000)
+        """Read cancels stamped at or after `since` (epoch seconds; default: now minus
+        settings.cancel_lookback_s)."""
+        if since is None:
+            since = time.time() - settings.cancel_lookback_s
+        self.since_ms = int(since * 1000)
         self.consumer = plain_consumer(settings)
         parts = partitions_of(self.consumer, settings.topic_cancel)
         self.tps = [TopicPartition(settings.topic_cancel, p) for p in parts]
@@ -48,6 +61,20 @@ class CancelListener:
         self.consumer.pause(*self.tps)  # nothing is read until a start offset is known
         self._unresolved = set(self.tps)
         self._next_resolve = 0.0
+        self._backlog = self._catch_up()
+        if self._backlog:
+            log.info("cancel topic: %d cancels from the last %.0fs", len(self._backlog),
+                     time.time() - since)
+
+    def _catch_up(self) -> list[str]:
+        self._resolve()
+        ids: list[str] = []
+        if len(self._unresolved) == len(self.tps):
+            return ids  # nothing stamped inside the window yet
+        deadline = time.monotonic() + self.CATCH_UP_S
+        while time.monotonic() < deadline and self._read(self.CATCH_UP_POLL_MS, ids):
+            pass
+        return ids
 
     def _resolve(self) -> None:
         now = time.monotonic()
@@ -66,19 +93,26 @@ class CancelListener:
                 self._unresolved.discard(tp)
 
     def poll(self) -> list[str]:
-        """Request ids cancelled since the last call (never blocks)."""
+        """Request ids cancelled since the last call (the first call: also those of the
+        lookback window read at start). Never blocks."""
+        ids, self._backlog = self._backlog, []
         self._resolve()
-        if len(self._unresolved) == len(self.tps):
-            return []
-        ids = []
-        for records in self.consumer.poll(timeout_ms=0).values():
+        if len(self._unresolved) < len(self.tps):
+            self._read(0, ids)
+        return ids
+
+    def _read(self, timeout_ms: int, ids: list[str]) -> int:
+        """Append the request ids of one poll to `ids`; returns the number of records."""
+        n = 0
+        for records in self.consumer.poll(timeout_ms=timeout_ms).values():
+            n += len(records)
             for rec in records:
                 if rec.timestamp is not None and rec.timestamp < self.since_ms:
                     continue
                 rid = parse_cancel(rec.value, rec.key)
                 if rid is not None:
                     ids.append(rid)
-        return ids
+        return n
 
     def close(self) -> None:
         self.consumer.close()

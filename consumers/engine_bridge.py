@@ -24,7 +24,8 @@ def engine_params(req: InferenceRequest) -> Any:
 # Settings field -> EngineConfig field, for the engine knobs a deployment sets from
 # INFLIGHT_* (None in Settings = keep the engine's own default).
 ENGINE_SETTINGS = ("device", "dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                   "kv_cache_bytes", "block_size", "enable_prefix_caching", "kernels")
+                   "kv_cache_bytes", "block_size", "enable_prefix_caching", "kernels",
+                   "cuda_graphs", "kv_cache_memory_fraction")
 
 
 def engine_overrides(settings: Settings, *, max_num_seqs: int | None = None,
@@ -48,7 +49,7 @@ def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: 
                  kv_cache_mb: int | None = None, device: str | None = None,
                  dtype: str | None = None) -> Any:
     from engine import Engine, EngineConfig
-    from inflight.model import resolve_model
+    from engine.model_folder import resolve_model
 
     path = resolve_model(model, settings)
     kw = engine_overrides(settings, max_num_seqs=max_num_seqs, kv_cache_mb=kv_cache_mb,

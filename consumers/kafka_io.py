@@ -1,37 +1,16 @@
-"""kafka-python clients built from Settings, the way every consumer process wants them."""
+"""What only the consumers need of Kafka: the group consumer, and a bounded id set.
+(Producers, plain consumers and partition lookups: schemas.kafka_clients.)"""
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
-from kafka import KafkaConsumer, KafkaProducer
-from kafka.errors import KafkaError
+from kafka import KafkaConsumer
 
-from schemas.errors import BrokerError
+from schemas.kafka_clients import connect
 from schemas.settings import Settings
-
-
-def connect(client_cls: type, settings: Settings, **opts: Any) -> Any:
-    """A kafka-python client (producer, consumer, admin) built from Settings; an unreachable
-    broker becomes BrokerError that says what to do."""
-    try:
-        return client_cls(**settings.kafka_common(), **opts)
-    except KafkaError as exc:
-        raise BrokerError(f"cannot reach Kafka at {settings.kafka_bootstrap!r} ({exc}): start "
-                          "a broker (`inflight broker`) or set INFLIGHT_KAFKA_BOOTSTRAP") from exc
-
-
-def producer(settings: Settings, **overrides: Any) -> KafkaProducer:
-    """acks=all; idempotence only when INFLIGHT_KAFKA_ENABLE_IDEMPOTENCE (Tansu loses
-    producer ids across restarts, which wedges an idempotent producer)."""
-    opts: dict[str, Any] = {"acks": "all", "linger_ms": 2,
-                            "enable_idempotence": settings.kafka_enable_idempotence,
-                            "max_request_size": settings.kafka_max_message_bytes + 64_000}
-    opts.update(overrides)
-    return connect(KafkaProducer, settings, **opts)
 
 
 def group_consumer(settings: Settings, group: str, **overrides: Any) -> KafkaConsumer:
@@ -46,26 +25,6 @@ def group_consumer(settings: Settings, group: str, **overrides: Any) -> KafkaCon
     }
     opts.update(overrides)
     return connect(KafkaConsumer, settings, **opts)
-
-
-def plain_consumer(settings: Settings, **overrides: Any) -> KafkaConsumer:
-    """A consumer outside any group (manual assign)."""
-    opts: dict[str, Any] = {"group_id": None, "enable_auto_commit": False,
-                            "auto_offset_reset": "earliest"}
-    opts.update(overrides)
-    return connect(KafkaConsumer, settings, **opts)
-
-
-def partitions_of(consumer: KafkaConsumer, topic: str, timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        parts = consumer.partitions_for_topic(topic)
-        if parts:
-            return sorted(parts)
-        if time.monotonic() > deadline:
-            raise BrokerError(f"topic {topic!r} does not exist: run `inflight topics create`")
-        consumer.topics()  # refresh metadata
-        time.sleep(0.1)
 
 
 class LRUSet:

@@ -18,7 +18,7 @@ import threading
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from prometheus_client import CollectorRegistry, Gauge
 
-from consumers.kafka_io import connect
+from schemas.kafka_clients import connect
 from schemas.settings import Settings
 
 log = logging.getLogger("inflight.lag")

@@ -20,7 +20,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 log = logging.getLogger("inflight.metrics")
 
 COUNTERS = ("received", "admitted", "completed", "failed", "cancelled", "dlq", "duplicates",
-            "tokens_out", "commits", "rows_written", "db_retries")
+            "tokens_out", "commits", "rows_written", "db_retries", "rows_refused")
+# the worker's delivery path (issue 10)
+COUNTERS += ("token_events", "send_retries", "send_errors", "handed_back", "rebalances")
 GAUGES = ("in_flight", "paused_partitions", "commit_lag")
 DOC = {
     "received": "messages polled from Kafka", "admitted": "requests handed to the engine",
@@ -29,8 +31,15 @@ DOC = {
     "duplicates": "messages whose request id was in flight or recently finished",
     "tokens_out": "output tokens published", "commits": "offset commits",
     "rows_written": "rows upserted into the store", "db_retries": "database writes retried",
+    "rows_refused": "rows the database refused (a stand-in row was stored instead)",
     "in_flight": "requests held in memory", "paused_partitions": "partitions paused for backpressure",
     "commit_lag": "polled offsets not yet committable (waiting for final acks)",
+    # the worker's delivery path (issue 10)
+    "token_events": "coalesced token deltas published", "send_retries": "sends retried after "
+    "a transient error", "send_errors": "sends refused or lost (a final is replaced by an error "
+    "final, a DLQ copy loses its body, a token delta is dropped)",
+    "handed_back": "requests stopped because their partition moved or the worker stopped",
+    "rebalances": "partition revocations seen",
 }
 
 

@@ -1,10 +1,11 @@
 """The recorder: request and result topics in, idempotent upserts into the store.
 
-    poll (requests, requests.batch, results) ─► rows ─► Store.upsert_requests ─► commit
+    poll (requests, requests.batch, results; not results.tokens) ─► rows ─► Store.upsert_requests ─► commit
 
 - request message → `queued` row (prompt, params); invalid ones are skipped here (the
   worker publishes their ErrorEvent, which lands as a `failed` row);
-- first token event of an id → `running` row (a bounded LRU skips the rest);
+- StatusEvent (a worker admitted it) → `running` row (worker, start time). Token deltas
+  live on their own topic, which the recorder does not read: its volume follows requests;
 - FinalEvent / ErrorEvent → the final row. The store's upsert is forward-only, so a
   duplicate final event (a request redone after a worker crash) changes nothing.
 
@@ -24,21 +25,27 @@ from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from consumers.kafka_io import LRUSet, group_consumer
+from consumers.kafka_io import group_consumer
 from consumers.lag import LagProbe
 from consumers.metrics import Metrics
-from schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent, TokenEvent,
+from schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent,
                      decode_request, decode_result)
 from schemas.errors import StoreError
-from store import Store, error_row, final_row, queued_row, running_row
+from store import Store, error_row, final_row, queued_row, running_row, stand_in_rows
 
 log = logging.getLogger("inflight.recorder")
 
 BACKOFF_START_S, BACKOFF_MAX_S = 0.2, 5.0
 BATCH_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 COMMIT_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-# How `schemas.encode(TokenEvent)` starts: lets the recorder skip most token events undecoded.
-_TOKEN_PREFIX = b'{"type":"token"'
+
+
+class _Stopping(Exception):
+    """Asked to stop while the database is away: commit nothing."""
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
 
 
 def is_transient(exc: StoreError) -> bool:
@@ -76,7 +83,6 @@ class Recorder:
             "commit_latency_seconds", "seconds per store upsert + database commit",
             COMMIT_LATENCY_BUCKETS)
         self.lag: LagProbe | None = None
-        self.running_seen = LRUSet(100_000)
         self.consumer = None
         self._stopping = False
 
@@ -120,11 +126,14 @@ class Recorder:
         for tp, records in batch.items():
             for rec in records:
                 n += 1
-                if (rec.key is not None and rec.value is not None
-                        and rec.value.startswith(_TOKEN_PREFIX)
-                        and rec.key.decode("utf-8", "replace") in self.running_seen):
-                    continue  # a later token event of a request already marked running
-                row = self._row(tp.topic, rec.value)
+                try:
+                    row = self._row(tp.topic, rec.value)
+                except (ValueError, TypeError, OverflowError) as exc:
+                    # NOTE: a message that passed validation but still cannot become a row
+                    # must not crash the recorder at every restart (a poison pill)
+                    log.error("no row from %s/%d@%d: %s; skipped", tp.topic, tp.partition,
+                              rec.offset, exc)
+                    continue
                 if row is not None:
                     rows.append(row)
             offsets[tp] = records[-1].offset + 1
@@ -151,17 +160,10 @@ class Recorder:
             return None
         if isinstance(event, StatusEvent):
             return running_row(event.request_id, worker=event.worker, started_at=event.at)
-        if isinstance(event, TokenEvent):
-            if event.request_id in self.running_seen:
-                return None
-            self.running_seen.add(event.request_id)
-            return running_row(event.request_id)
         if isinstance(event, FinalEvent):
-            self.running_seen.discard(event.request_id)
             self.metrics.inc("cancelled" if event.finish_reason == "abort" else "completed")
             return final_row(event)
         if isinstance(event, ErrorEvent) and event.request_id is not None:
-            self.running_seen.discard(event.request_id)
             self.metrics.inc("failed")
             return error_row(event)
         return None
@@ -170,9 +172,36 @@ class Recorder:
         """Upsert until it works (True), or until asked to stop (False).
 
         An unreachable database is retried with backoff, offsets held. A batch the database
-        refuses for its content is written row by row; a row that still cannot be stored is
-        logged and skipped (retrying it forever would stall every request behind it)."""
+        refuses for its content is written row by row, and a row that is still refused is
+        replaced by its stand-ins (store.rows.stand_in_rows: a final row becomes an error
+        row saying why), so the request still ends with one final row and retrying it
+        forever does not stall every request behind it."""
         rows = [clean_row(r) for r in rows]
+        try:
+            refused = self._upsert(rows)
+            if refused is not None:
+                for row in rows:
+                    self._write_row(row)
+        except _Stopping:
+            return False
+        return True
+
+    def _write_row(self, row: dict[str, Any]) -> None:
+        refused = self._upsert([row])
+        if refused is None:
+            return
+        reason = _first_line(refused)
+        self.metrics.inc("rows_refused")
+        log.error("the database refused the %s row of request %s (%s); storing a stand-in",
+                  row["status"], row["id"], reason)
+        for stand_in in stand_in_rows(row, reason):
+            if self._upsert([clean_row(stand_in)]) is None:
+                return
+        log.error("request %s cannot be stored at all and is skipped", row["id"])
+
+    def _upsert(self, rows: list[dict[str, Any]]) -> StoreError | None:
+        """Write `rows`: None when written, the error when the database refuses them. While
+        the database is away: retry with backoff, or raise _Stopping once asked to stop."""
         delay = BACKOFF_START_S
         while True:
             try:
@@ -181,39 +210,15 @@ class Recorder:
                 self.commit_latency.observe(time.perf_counter() - started)
                 self.batch_size.observe(len(rows))
                 self.metrics.inc("rows_written", len(rows))
-                return True
+                return None
             except StoreError as exc:
                 if not is_transient(exc):
-                    return self._write_one_by_one(rows)
+                    return exc
                 self.metrics.inc("db_retries")
                 log.warning("database write failed (%s); retrying in %.1fs, offsets held",
-                            str(exc).splitlines()[0][:200], delay)
+                            _first_line(exc), delay)
             if self._stopping:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, BACKOFF_MAX_S)
-
-    def _write_one_by_one(self, rows: list[dict[str, Any]]) -> bool:
-        for row in rows:
-            if not self._write_row(row):
-                return False
-        return True
-
-    def _write_row(self, row: dict[str, Any]) -> bool:
-        delay = BACKOFF_START_S
-        while True:
-            try:
-                self.store.upsert_requests([row])
-                self.metrics.inc("rows_written")
-                return True
-            except StoreError as exc:
-                if not is_transient(exc):
-                    log.error("request %s cannot be stored and is skipped: %s", row.get("id"), exc)
-                    self.metrics.inc("failed")
-                    return True
-                self.metrics.inc("db_retries")
-            if self._stopping:
-                return False
+                raise _Stopping
             time.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
 

@@ -20,17 +20,26 @@ class EngineConfig:
     - `model`: a Hugging Face folder (config.json, *.safetensors, tokenizer.json).
     - `block_size`: tokens per KV block.
     - `kv_cache_bytes` / `num_kv_blocks`: the KV budget; `num_kv_blocks` wins when set.
+      Neither set: on CUDA, `kv_cache_memory_fraction` of the GPU memory free once the
+      weights are loaded (the figure is logged); elsewhere 1 GiB.
     - `max_num_seqs`: most requests running at once; `max_num_batched_tokens`: tokens per
       forward pass (the step budget; longer prompts are prefilled in chunks).
     - `max_model_len`: context cap (default: the checkpoint's max_position_embeddings).
     - `max_preemptions`: a request preempted more often than this fails with an error.
     - `kernels`: "torch" | "triton" | None (see kernels.ops.resolve_backend).
-    - `debug_checks`: verify block-pool invariants after every step (tests turn it on).
+    - `debug_checks`: verify block-pool invariants after every step and poison freed
+      input-batch rows (tests turn it on).
+    - `cuda_graphs`: run decode-only steps padded on static buffers, captured as CUDA
+      graphs (None: on for CUDA with the Triton kernels; `INFLIGHT_CUDA_GRAPHS=0` turns the
+      default off). True on CPU runs the same padded path eagerly (tests).
+    - `overlap_outputs`: process a step's outputs (detokenize, stop checks) while the
+      next step runs on the device, one step ahead (None: on for CUDA).
     """
 
     model: str | os.PathLike
     block_size: int = 16
-    kv_cache_bytes: int = 1 << 30
+    kv_cache_bytes: int | None = None
+    kv_cache_memory_fraction: float = 0.9
     num_kv_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -42,14 +51,22 @@ class EngineConfig:
     kernels: str | None = None
     max_preemptions: int = 16
     debug_checks: bool = False
+    cuda_graphs: bool | None = None
+    overlap_outputs: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"EngineConfig.dtype={self.dtype!r} is not supported; "
                               f"use one of {sorted(DTYPES)}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"EngineConfig.{name}={getattr(self, name)} must be >= 1")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
+            raise ConfigError(f"EngineConfig.kv_cache_bytes={self.kv_cache_bytes} must be >= 1 "
+                              "(or None to size the cache from free GPU memory)")
+        if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
+            raise ConfigError(f"EngineConfig.kv_cache_memory_fraction={self.kv_cache_memory_fraction} "
+                              "must be in (0, 1]")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"EngineConfig.num_kv_blocks={self.num_kv_blocks} must be >= 1 "
                               "(or None to size the cache from kv_cache_bytes)")
@@ -61,3 +78,17 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def is_cuda(self) -> bool:
+        return str(self.device).startswith("cuda")
+
+    def resolve_cuda_graphs(self, kernels: str) -> bool:
+        """Whether decode steps run padded on static buffers (see `cuda_graphs`)."""
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs
+        env = os.environ.get("INFLIGHT_CUDA_GRAPHS", "1").strip().lower()
+        return self.is_cuda and kernels == "triton" and env not in ("0", "false", "off", "no")
+
+    def resolve_overlap_outputs(self) -> bool:
+        return self.is_cuda if self.overlap_outputs is None else self.overlap_outputs

@@ -1,69 +1,114 @@
 """Incremental detokenization and stop strings: correct UTF-8 text deltas, one token at a time.
 
 Decoding token by token would split multi-byte characters (and lose SentencePiece's
-leading spaces), so each step decodes a short window twice, the text already read and the
-text with the new token, and emits the difference only once it no longer ends in U+FFFD:
+leading spaces), so the text of a short window of ids is decoded with and without the
+new token, and the difference is emitted once it no longer ends in U+FFFD:
 
     ids:   ... [prefix_offset ........ read_offset | new ]
                  ^ already emitted text comes from here   ^ new text = full - prefix
 
+`tokenizers.decoders.DecodeStream` runs exactly that window in Rust: one call per token.
+It is seeded with the last prompt tokens (leading-space rules), cut back so that they do
+not end inside a character.
+
 Stop strings are searched in the output text; the text after (and including) a stop
 string is dropped, and while streaming, a tail that could still become a stop string is
 held back, so a stop string is never emitted, even when it spans tokens.
+
+NOTE: work per token is constant: the text is kept as emitted pieces plus the short
+pending tail (joined only when `text` is read, at the end), and stop strings are searched
+only in the new text plus the `max_stop_len - 1` characters before it.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
+from tokenizers.decoders import DecodeStream
+
 from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 PROMPT_CONTEXT = 4  # prompt tokens that seed the window (leading-space rules)
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], stop: Sequence[str] = ()):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = list(prompt_token_ids[-PROMPT_CONTEXT:])
-        self.prefix_offset = 0
-        self.read_offset = len(self.ids)
+        self._hf = tokenizer.hf
+        self._ids: list[int] = list(prompt_token_ids[-PROMPT_CONTEXT:])  # recent ids (recovery)
+        self._stream = self._new_stream(self._ids)
         self.stop = tuple(stop)
         self.max_stop_len = max((len(s) for s in self.stop), default=0)
-        self.text = ""          # output text so far (cut at a stop string)
-        self.num_emitted = 0    # chars of self.text already handed out as deltas
+        self._parts: list[str] = []  # text handed out as deltas, in order
+        self._pending = ""           # text not handed out yet
+        self._window = ""            # last max_stop_len - 1 chars of the text (stop search)
         self.stopped = False
+
+    def _new_stream(self, seed: list[int]) -> DecodeStream:
+        seed = seed[-PROMPT_CONTEXT:]
+        # A seed ending inside a character would make the stream emit the seed's own text.
+        while seed and self._hf.decode(seed, skip_special_tokens=True).endswith("\ufffd"):
+            seed = seed[:-1]
+        return DecodeStream(ids=seed, skip_special_tokens=True)
+
+    @property
+    def text(self) -> str:
+        """The output text so far (cut at a stop string)."""
+        return "".join(self._parts) + self._pending
 
     def add_token(self, token_id: int) -> bool:
         """Append one output token; return True when a stop string was found (text is cut)."""
-        self.ids.append(token_id)
-        decode = self.tokenizer.decode
-        prefix = decode(self.ids[self.prefix_offset:self.read_offset])
-        full = decode(self.ids[self.prefix_offset:])
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return False  # an incomplete character: wait for the next token
-        new = full[len(prefix):]
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        start = max(0, len(self.text) - self.max_stop_len + 1)
-        self.text += new
-        if self.stop:
-            hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
-            if hits:
-                self.text = self.text[:min(hits)]
-                self.stopped = True
-                return True
+        ids = self._ids
+        ids.append(token_id)
+        if len(ids) > 4 * PROMPT_CONTEXT:
+            del ids[:-PROMPT_CONTEXT]
+        try:
+            new = self._stream.step(self._hf, token_id)
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception
+            # DecodeStream refuses a window whose text does not extend the previous one
+            # ("invalid prefix", seen with some byte-fallback sequences): start a fresh
+            # window from the recent ids, as vLLM does.
+            log.debug("detokenizer window reset after %r", exc)
+            self._stream = self._new_stream(ids[:-1])
+            new = self._stream.step(self._hf, token_id)
+        if not new:
+            return False  # an incomplete character (or a skipped special token): wait
+        if not self.stop:
+            self._pending += new
+            return False
+        window = self._window + new
+        hits = [i for i in (window.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            # the cut lies in the pending text: a possible stop-string start is never handed out
+            cut = len(window) - min(hits)  # characters to drop from the end of the text
+            self._pending = (self._pending + new)[:-cut] if cut else self._pending + new
+            self.stopped = True
+            return True
+        self._pending += new
+        self._window = window[-(self.max_stop_len - 1):] if self.max_stop_len > 1 else ""
         return False
 
     def take_delta(self, final: bool) -> str:
         """The text not handed out yet; while streaming, minus a possible stop-string start."""
-        end = len(self.text)
+        delta = self._pending
         if not final and self.stop:
-            end -= self._held_back()
-        delta = self.text[self.num_emitted:end]
-        self.num_emitted = max(self.num_emitted, end)
+            held = self._held_back()
+            if held:
+                delta = delta[:-held] if held < len(delta) else ""
+                self._pending = self._pending[len(delta):]
+            else:
+                self._pending = ""
+        else:
+            self._pending = ""
+        if delta:
+            self._parts.append(delta)
         return delta
 
     def _held_back(self) -> int:
-        text = self.text
+        """Length of the longest tail of the text that starts some stop string."""
+        text = self._window  # holds the last max_stop_len - 1 characters
         for n in range(min(self.max_stop_len - 1, len(text)), 0, -1):
             tail = text[-n:]
             if any(s.startswith(tail) for s in self.stop):

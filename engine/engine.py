@@ -11,6 +11,12 @@ vocabulary) never raise: they finish at the next step with finish_reason "error"
 work should use a higher value. Not thread-safe: one thread calls add/abort/step.
 For the service: `engine.tokenizer` (encode/decode/apply_chat_template, eos_token_ids),
 `engine.max_model_len`, and `add_request(..., messages=[...], arrival_time=...)`.
+
+With `overlap_outputs` (the default on CUDA) a step launches the next forward pass first
+and then processes the previous one's tokens while the device runs, so `step()` returns
+the outputs of the step before; the outputs, their order and finish reasons are the same.
+A request that stops (EOS, stop string) was already scheduled once more: that token is
+dropped.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
 from engine.model import LlamaModel
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, StepHandle
 from engine.outputs import RequestOutput
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
@@ -55,23 +61,50 @@ class Engine:
         self.tokenizer = Tokenizer(folder, self.model.config.eos_token_ids)
         self.max_model_len = self.model.max_model_len
         self.block_size = config.block_size
-        per_block = self.model.kv_bytes_per_block(config.block_size)
-        self.num_kv_blocks = config.num_kv_blocks or config.kv_cache_bytes // per_block
-        if self.num_kv_blocks < 1:
-            raise ConfigError(f"EngineConfig.kv_cache_bytes={config.kv_cache_bytes} is less than "
-                              f"one KV block ({per_block} bytes at block_size={config.block_size}); "
-                              "raise kv_cache_bytes or set num_kv_blocks")
+        self.num_kv_blocks = self._num_kv_blocks(config)
         root = hashlib.blake2b(f"{folder.resolve()}|{config.dtype}".encode(), digest_size=16).digest()
         self.kv = KVCacheManager(self.num_kv_blocks, config.block_size, config.enable_prefix_caching, root)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_preemptions)
-        self.runner = ModelRunner(self.model, self.num_kv_blocks, config.block_size, config.seed)
+        self.cuda_graphs = config.resolve_cuda_graphs(self.ops.name)
+        capture = self.cuda_graphs and self.model.device.type == "cuda"
+        if capture and self.ops.name != "triton":
+            log.warning("CUDA graphs need the Triton kernels (the torch path syncs with the "
+                        "host); running decode steps padded but uncaptured")
+            capture = False
+        self.runner = ModelRunner(self.model, self.num_kv_blocks, config.block_size, config.seed,
+                                  max_num_seqs=config.max_num_seqs,
+                                  max_num_batched_tokens=config.max_num_batched_tokens,
+                                  cuda_graphs=self.cuda_graphs, capture=capture,
+                                  poison=config.debug_checks)
+        self.overlap = config.resolve_overlap_outputs()
+        self._inflight: StepHandle | None = None  # launched, outputs not processed (overlap)
         self.requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []  # finished outside a step (errors, aborts)
         self._arrivals = itertools.count()
         self._gen_ids = itertools.count()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
+
+    def _num_kv_blocks(self, config: EngineConfig) -> int:
+        per_block = self.model.kv_bytes_per_block(config.block_size)
+        if config.num_kv_blocks:
+            return config.num_kv_blocks
+        budget = config.kv_cache_bytes
+        if budget is None and config.is_cuda:
+            free, total = torch.cuda.mem_get_info(self.model.device)
+            budget = int(free * config.kv_cache_memory_fraction)
+            log.info("KV cache: %.2f GiB = %.2f x %.2f GiB free of %.2f GiB after the weights "
+                     "(EngineConfig.kv_cache_memory_fraction / kv_cache_bytes)", budget / 2**30,
+                     config.kv_cache_memory_fraction, free / 2**30, total / 2**30)
+        elif budget is None:
+            budget = 1 << 30
+        blocks = budget // per_block
+        if blocks < 1:
+            raise ConfigError(f"EngineConfig.kv_cache_bytes={budget} is less than one KV block "
+                              f"({per_block} bytes at block_size={config.block_size}); "
+                              "raise kv_cache_bytes or set num_kv_blocks")
+        return blocks
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None,
@@ -100,6 +133,7 @@ class Engine:
         req = Request(request_id, list(prompt_token_ids), params, priority,
                       arrival_time=arrival_time or time.time(), arrival_index=next(self._arrivals),
                       extra_keys=tuple(extra_keys))
+        req.max_num_tokens = min(req.num_prompt_tokens + params.max_tokens, self.max_model_len)
         error = error or self._validate(req)
         if error is not None:
             code, message = error
@@ -143,42 +177,114 @@ class Engine:
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests or self._pending)
+        return bool(self.requests or self._pending or self._inflight)
 
     # -- one step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        if self.overlap:
+            return self._step_overlapped(outputs)
         if not self.scheduler.has_unfinished():
             return outputs
-        sched = self.scheduler.schedule()
-        for req in sched.failed:
-            outputs.append(self._finish(req, "error", (
-                f"preempted {req.num_preemptions} times for lack of KV blocks "
-                f"(EngineConfig.max_preemptions={self.config.max_preemptions}): raise "
-                "kv_cache_bytes or lower max_num_seqs"), ERR_ENGINE))
+        sched = self._schedule(outputs)
         if sched.is_empty:
             return outputs
         try:
             samplers, tokens = self.runner.execute(sched)
         except Exception as exc:  # noqa: BLE001 - one bad pass must not kill the engine's caller
             log.exception("forward pass failed")
-            for req in sched.requests:
-                outputs.append(self._finish(req, "error", f"forward pass failed: {exc!r}",
-                                            ERR_ENGINE))
+            self._fail(sched.requests, exc, outputs)
             return outputs
+        self._advance(sched, len(samplers))
+        self._cache_blocks(sched.requests)
         now = time.time()
-        for req, n in zip(sched.requests, sched.num_tokens):
-            req.num_computed_tokens += n
-            self.kv.cache_full_blocks(req)
-        self.counters.record_step(sched, len(samplers))
         for req, token in zip(samplers, tokens):
             outputs.append(self._accept_token(req, token, now))
         if self.config.debug_checks:
             self.kv.check_invariants(list(self.requests.values()))
         return outputs
 
+    def _step_overlapped(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Launch step N+1, then process step N's tokens while the device runs N+1.
+
+        NOTE: step N+1 is scheduled before N's tokens are known: each request that
+        sampled in N has `num_pending` 1, counts that token as one to compute, and the
+        runner feeds it to N+1 from N's sampled ids on the device. A request N's tokens
+        finish was computed once more in N+1: that token is dropped (it is finished)."""
+        launched, failed = None, None
+        sched = None
+        if self.scheduler.has_unfinished():
+            sched = self._schedule(outputs)
+            if not sched.is_empty:
+                try:
+                    launched = self.runner.launch(sched, overlapped=True)
+                except Exception as exc:  # noqa: BLE001
+                    log.exception("forward pass failed")
+                    failed = exc
+                else:
+                    self._advance(sched, len(launched.samplers))
+                    for req in launched.samplers:
+                        req.num_pending += 1
+        prev, self._inflight = self._inflight, launched
+        if prev is not None:
+            self._process(prev, outputs)
+        if failed is not None:
+            self._fail([r for r in sched.requests if not r.is_finished], failed, outputs)
+        if launched is not None:
+            # after _process: the tokens of every computed position are known now
+            self._cache_blocks([r for r in launched.requests if not r.is_finished])
+        if self.config.debug_checks:
+            self.kv.check_invariants(list(self.requests.values()))
+        return outputs
+
+    def _process(self, handle: StepHandle, outputs: list[RequestOutput]) -> None:
+        try:
+            tokens = self.runner.result(handle)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("forward pass failed")
+            self._fail([r for r in handle.requests if not r.is_finished], exc, outputs)
+            return
+        now = time.time()
+        for req, token in zip(handle.samplers, tokens):
+            if req.is_finished:  # aborted or stopped while this step ran: drop the token
+                continue
+            req.num_pending -= 1
+            outputs.append(self._accept_token(req, token, now))
+
+    def _schedule(self, outputs: list[RequestOutput]):
+        sched = self.scheduler.schedule()
+        for req in sched.preempted:
+            self.runner.remove(req)
+        for req in sched.failed:
+            outputs.append(self._finish(req, "error", (
+                f"preempted {req.num_preemptions} times for lack of KV blocks "
+                f"(EngineConfig.max_preemptions={self.config.max_preemptions}): raise "
+                "kv_cache_bytes or lower max_num_seqs"), ERR_ENGINE))
+        return sched
+
+    def _advance(self, sched, num_sampled: int) -> None:
+        """The scheduled tokens' K/V are (being) computed: move the requests forward."""
+        decodes = 0
+        for req, n in zip(sched.requests, sched.num_tokens):
+            req.num_computed_tokens += n
+            # a decode: one token, after some output, catching up with all tokens
+            if n == 1 and (req.output_token_ids or req.num_pending) and \
+                    req.num_computed_tokens == req.num_tokens + req.num_pending:
+                decodes += 1
+        self.counters.record_step(sched.total_tokens, decodes, len(sched.requests), num_sampled)
+
+    def _cache_blocks(self, reqs: list[Request]) -> None:
+        if self.kv.enable_caching:
+            for req in reqs:
+                self.kv.cache_full_blocks(req)
+
+    def _fail(self, reqs: list[Request], exc: Exception, outputs: list[RequestOutput]) -> None:
+        for req in reqs:
+            outputs.append(self._finish(req, "error", f"forward pass failed: {exc!r}", ERR_ENGINE))
+
     def _accept_token(self, req: Request, token: int, now: float) -> RequestOutput:
-        req.append_token(token)
+        req.output_token_ids.append(token)
+        req.all_token_ids.append(token)
         if req.first_token_time is None:
             req.first_token_time = now
         params = req.params
@@ -189,22 +295,22 @@ class Engine:
             reason = "stop"
         elif req.detok.add_token(token):
             reason = "stop"
-        elif req.num_output_tokens >= params.max_tokens or req.num_tokens >= self.max_model_len:
+        elif len(req.all_token_ids) >= req.max_num_tokens:
             reason = "length"
         if reason is not None:
             out = self._finish(req, reason, None)
             out.new_token_ids = [token]
             return out
-        return RequestOutput(req.request_id, [token], req.detok.take_delta(final=False),
-                             list(req.output_token_ids), req.detok.text, False,
-                             num_prompt_tokens=req.num_prompt_tokens,
-                             num_cached_tokens=max(req.num_cached_tokens, 0),
-                             arrival_time=req.arrival_time, first_token_time=req.first_token_time,
-                             num_preemptions=req.num_preemptions)
+        # NOTE: a delta: token_ids/text are the delta too (see RequestOutput)
+        new, delta = [token], req.detok.take_delta(False)
+        return RequestOutput(req.request_id, new, delta, new, delta, False, None, None,
+                             req.num_prompt_tokens, max(req.num_cached_tokens, 0), [],
+                             req.arrival_time, req.first_token_time, None, req.num_preemptions)
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 error_code: str | None = None) -> RequestOutput:
         self.scheduler.remove(req)
+        self.runner.remove(req)
         self.requests.pop(req.request_id, None)
         return self._finish_output(req, reason, error, error_code)
 
@@ -215,9 +321,10 @@ class Engine:
         req.finish_time = time.time()
         delta = req.detok.take_delta(final=True) if req.detok is not None else ""
         text = req.detok.text if req.detok is not None else ""
-        return RequestOutput(req.request_id, [], delta, list(req.output_token_ids), text, True,
+        # the request is done: its lists are never changed again, so no copies
+        return RequestOutput(req.request_id, [], delta, req.output_token_ids, text, True,
                              reason, error, req.num_prompt_tokens, max(req.num_cached_tokens, 0),
-                             list(req.prompt_token_ids), req.arrival_time, req.first_token_time,
+                             req.prompt_token_ids, req.arrival_time, req.first_token_time,
                              req.finish_time, req.num_preemptions, error_code)
 
     # -- offline use ------------------------------------------------------------------------

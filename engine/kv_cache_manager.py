@@ -108,6 +108,8 @@ class KVCacheManager:
         changing nothing, when the pool is short."""
         if cached:
             assert not req.blocks and req.num_computed_tokens == 0
+        elif req.num_computed_tokens + num_new_tokens <= len(req.blocks) * self.block_size:
+            return True  # room in the blocks it holds (most decode steps)
         if not self.can_fit(req, num_new_tokens, cached):
             return False
         if cached:

@@ -1,91 +1,319 @@
-"""Turn a SchedulerOutput into tensors, run one forward pass, sample.
+"""Turn a SchedulerOutput into device inputs, run one forward pass, sample on the device.
 
-The flattened batch of one step (B requests, T tokens):
+The flattened batch of one step (n scheduled requests in schedule order, T tokens):
 
-    input_ids/positions/slot_mapping  [T]     request 0's tokens | request 1's | ...
-    query_start_loc                   [B+1]   where each request's tokens start in T
-    seq_lens                          [B]     computed tokens after this step
-    block_tables                      [B, M]  padded with 0 (never read past seq_len)
-    logits_indices                    [S]     last row of each request that samples now
+    rows             [n]     each request's row in the persistent InputBatch
+    seq_lens         [n]     computed tokens after this step
+    input_ids        [T]     request 0's new tokens | request 1's | ...
+    src              [T]     -1, or where the token is in the last step's sampled ids
+    query_start_loc  [n+1]   where each request's tokens start in T
+    (diffs)          3 x D   block-table updates (row, column, block id), CUDA only
+    (sampling)       3 x n   temperature, top_k, top_p, when some row samples randomly
+
+These go to the device in one copy (engine/staging.py); the device derives the rest:
+
+    block_tables  = block_table[rows]                       (the persistent table)
+    token's request r = searchsorted(query_start_loc[1:], t, right=True)
+    positions[t]  = seq_lens[r] - query_start_loc[r + 1] + t
+    slot_mapping  = block_tables[r, pos // bs] * bs + pos % bs
+    logits rows   = query_start_loc[1:] - 1                 (the last token of each request)
 
 A request samples when this step brings its computed tokens up to all its tokens (the end
-of a prefill, or a decode); a mid-prompt prefill chunk samples nothing.
+of a prefill, or a decode); a mid-prompt prefill chunk's sample is ignored. Steps where
+every request decodes run padded on static buffers (engine/cuda_graphs.py: a CUDA graph
+replay on CUDA). Host work per step is a loop over the scheduled requests (O(1) each for
+a decode) and numpy copies; no per-token Python objects for decodes.
+
+`execute(sched)` runs a step to the end. `launch(sched)` / `result(handle)` split it for
+output processing overlapped with the next step: `launch` returns once the step is queued
+on the device, `result` waits for its sampled ids (one device-to-host copy per step).
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+from itertools import accumulate
+
+import numpy as np
 import torch
 
+from engine.cuda_graphs import DecodeGraphs
+from engine.input_batch import InputBatch
 from engine.model import AttentionMetadata, LlamaModel
 from engine.request import Request
 from engine.sampler import SamplingBatch, sample
 from engine.scheduler import SchedulerOutput
+from engine.staging import Staging
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepHandle:
+    """A launched step: who samples, and where its sampled ids will be."""
+
+    requests: list[Request]       # scheduled, in schedule order
+    samplers: list[Request]       # those that sample, in schedule order
+    sample_pos: list[int] | None  # their positions among `requests` (None: all sample)
+    sampled: torch.Tensor         # [n] device
+    host_out: torch.Tensor | None = None  # pinned [n] (CUDA)
+    event: torch.cuda.Event | None = None
+    index_of: dict | None = None  # Request -> position in `sampled` (overlapped mode)
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int, *,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 cuda_graphs: bool = False, capture: bool = False, poison: bool = False):
+        """`cuda_graphs`: run decode-only steps padded on static buffers; `capture`: record
+        them as CUDA graphs (CUDA only; otherwise they run eagerly on the same buffers, and
+        on CPU the block table and step inputs are kept in separate "device" buffers updated
+        by diffs and copies, as on CUDA, so CPU tests run that logic too).
+        `poison`: fill freed batch rows with an out-of-range block id (tests)."""
         self.model = model
         self.block_size = block_size
         self.device = model.device
+        self.cuda = self.device.type == "cuda"
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
+        self.vocab_size = model.config.vocab_size
+        self.max_num_seqs = max_num_seqs
+        max_blocks = -(-model.max_model_len // block_size)
+        separate = cuda_graphs or self.cuda
+        self.batch = InputBatch(max_num_seqs, max_blocks, self.device, poison=poison,
+                                shared=not separate)
+        self.staging = Staging(6 * max_num_seqs + 2 * max_num_batched_tokens + 64, self.device,
+                               separate=separate)
+        # the last step's sampled ids, by position in that step (inputs of pending decodes)
+        self.sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=self.device)
+        n_ar = max(max_num_seqs, max_num_batched_tokens) + 1
+        self._arange32 = torch.arange(n_ar, dtype=torch.int32, device=self.device)
+        self._arange64 = torch.arange(n_ar, dtype=torch.int64, device=self.device)
+        if self.cuda:
+            self._outs = [torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+            self._out_k = 0
+        self._prev_index: dict = {}
+        self.num_device_fed = 0  # input tokens taken from the last step's samples (overlap)
+        self._greedy = SamplingBatch(torch.empty(0), None, None, [], True)
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs:
+            self.graphs = DecodeGraphs(max_num_seqs, self.device, self._decode_body, self.vocab_size)
+            self.graphs.clear_inputs(self.batch.pad_row)
+            if capture:
+                self.graphs.capture(self.batch.pad_row)
 
-    @torch.inference_mode()
+    # -- the batch's rows ----------------------------------------------------------------
+    def remove(self, req: Request) -> None:
+        """req stopped running (finished, aborted, preempted): free its row."""
+        self.batch.remove(req)
+
+    # -- one step ------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> tuple[list[Request], list[int]]:
         """Run one step; return the requests that sampled and their new token ids."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start = [0]
+        handle = self.launch(sched)
+        return handle.samplers, self.result(handle)
+
+    def launch(self, sched: SchedulerOutput, overlapped: bool = False) -> StepHandle:
+        """Queue one step on the device. With `overlapped`, the next launch may come before
+        this step's result, feeding its pending tokens from the device."""
+        try:
+            return self._launch(sched, overlapped)
+        except Exception:
+            self.batch.resync()  # the step's block-table diffs may not have reached the device
+            raise
+
+    @torch.inference_mode()
+    def _launch(self, sched: SchedulerOutput, overlapped: bool) -> StepHandle:
+        reqs, ns = sched.requests, sched.num_tokens
+        n = len(reqs)
+        batch = self.batch
+        row_of = batch.row_of
+        prev = self._prev_index
+        rows: list[int] = []
         seq_lens: list[int] = []
-        logits_rows: list[int] = []
+        ids: list[int] = []
+        src_at: list[int] = []
+        src_idx: list[int] = []
         samplers: list[Request] = []
-        for req, n in zip(sched.requests, sched.num_tokens):
-            start, end = req.num_computed_tokens, req.num_computed_tokens + n
-            input_ids += req.all_token_ids[start:end]
-            positions += range(start, end)
-            table = req.block_ids
-            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            query_start.append(query_start[-1] + n)
+        sample_pos: list[int] = []
+        width = 0
+        pos = 0
+        for i, (req, k) in enumerate(zip(reqs, ns)):
+            row = row_of.get(req)
+            if row is None:
+                row = batch.add(req)
+            elif len(req.block_ids) != batch.num_blocks[row]:
+                batch.append_blocks(req, row)
+            rows.append(row)
+            start = req.num_computed_tokens
+            end = start + k
             seq_lens.append(end)
-            if end == req.num_tokens:
-                logits_rows.append(query_start[-1] - 1)
+            nb = batch.num_blocks[row]
+            if nb > width:
+                width = nb
+            known = req.num_tokens
+            if end > known:  # the last input is the pending token of the step in flight
+                ids += req.all_token_ids[start:known]
+                ids.append(0)
+                src_at.append(pos + k - 1)
+                src_idx.append(prev[req])
+            elif k == 1:
+                ids.append(req.all_token_ids[start])
+            else:
+                ids += req.all_token_ids[start:end]
+            pos += k
+            if end == known + req.num_pending:
                 samplers.append(req)
-        width = max(len(r.block_ids) for r in sched.requests)
-        tables = [r.block_ids + [0] * (width - len(r.block_ids)) for r in sched.requests]
+                sample_pos.append(i)
+        T = pos
+        graphs = self.graphs
+        P = graphs.padded_size(n) if graphs is not None and T == n else None
+        L = P or n        # rows in the packed inputs (padded for a graph step)
+        TL = P or T
 
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
-        )
-        if not samplers:
-            # still run the pass: it writes this chunk's K/V into the cache
-            logits_rows = [0]
-        logits = self.model.forward(torch.tensor(input_ids, dtype=torch.int64, device=dev),
-                                    torch.tensor(positions, dtype=torch.int64, device=dev), meta,
-                                    self.kv_caches, torch.tensor(logits_rows, dtype=torch.int64, device=dev))
-        if not samplers:
-            return [], []
-        tokens = sample(logits, self._sampling_batch(samplers, logits.shape[-1]), self.generator)
-        return samplers, tokens.tolist()
+        # -- pack: rows | seq_lens | ids | src | qsl | diffs | sampling ----------------------
+        d = batch.num_diff_entries
+        random = batch.num_random > 0
+        buf = self.staging.host(2 * L + 2 * TL + n + 1 + 3 * d + 3 * n)
+        buf[:n] = rows
+        buf[n:L] = batch.pad_row
+        buf[L:L + n] = seq_lens
+        buf[L + n:2 * L] = 0
+        o = 2 * L
+        buf[o:o + T] = ids
+        buf[o + T:o + TL] = 0
+        o += TL
+        buf[o:o + TL] = -1
+        if src_at:
+            buf[o + np.asarray(src_at)] = src_idx
+            self.num_device_fed += len(src_at)
+        o += TL
+        o_qsl = o
+        if P is None:
+            buf[o] = 0
+            buf[o + 1:o + n + 1] = list(accumulate(ns))
+            o += n + 1
+        o_diff = o
+        d = batch.take_diffs(buf[o:])
+        o += 3 * d
+        o_samp = o
+        temp = top_k = top_p = None
+        if random:
+            temp, top_k, top_p = batch.sampling_arrays(buf[:n])
+            if temp.any():
+                buf[o:o + n] = temp.view(np.int32)
+                o += n
+                if top_k is not None:
+                    top_k = np.where(top_k > 0, top_k, self.vocab_size)
+                    buf[o:o + n] = top_k
+                    o += n
+                if top_p is not None:
+                    buf[o:o + n] = top_p.view(np.int32)
+                    o += n
+            else:
+                random = False
+        dev = self.staging.send(o)
 
-    def _sampling_batch(self, reqs: list[Request], vocab: int) -> SamplingBatch:
-        params = [r.params for r in reqs]
-        all_greedy = all(p.greedy for p in params)
-        if all_greedy:
-            return SamplingBatch(torch.empty(0), None, None, [], True)
-        dev = self.device
-        use_k = any(p.uses_top_k for p in params)
-        use_p = any(p.uses_top_p for p in params)
-        return SamplingBatch(
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([p.top_k if p.uses_top_k else vocab for p in params], device=dev) if use_k else None,
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev) if use_p else None,
-            generators=[r.generator for r in reqs],
-            all_greedy=False,
-        )
+        # -- device work ----------------------------------------------------------------
+        if d and not batch.shared:
+            r = dev[o_diff:o_diff + d].long()
+            c = dev[o_diff + d:o_diff + 2 * d].long()
+            batch.block_table_dev[r, c] = dev[o_diff + 2 * d:o_diff + 3 * d]
+        sampling = self._greedy
+        if random:
+            # NOTE: a seeded request draws from its own generator only in the steps where
+            # it samples, so its draws do not depend on the rest of the batch
+            gens: list = [None] * n
+            for i, req in zip(sample_pos, samplers):
+                if req.generator is not None:
+                    gens[i] = req.generator
+            o = o_samp
+            t_temp = dev[o:o + n].view(torch.float32)
+            o += n
+            t_k = t_p = None
+            if top_k is not None:
+                t_k = dev[o:o + n].long()
+                o += n
+            if top_p is not None:
+                t_p = dev[o:o + n].view(torch.float32)
+            sampling = SamplingBatch(t_temp, t_k, t_p, gens, False)
+        if P is not None:
+            self.graphs.inputs[:, :P].copy_(dev[:4 * P].view(4, P))
+            step_inputs = (P, None)
+        else:
+            step_inputs = (None, (dev, n, T, width, o_qsl, bool(src_at)))
+        sampled = self.device_step(step_inputs, n, sampling)
+
+        handle = StepHandle(reqs, samplers, None if len(samplers) == n else sample_pos, sampled)
+        if overlapped:
+            self.sampled[:n].copy_(sampled)
+            self._prev_index = {req: sample_pos[j] for j, req in enumerate(samplers)}
+        if self.cuda:
+            self._out_k ^= 1
+            out = self._outs[self._out_k]
+            # NOTE: this pinned buffer was last read by result() two steps ago (done)
+            out[:n].copy_(sampled, non_blocking=True)
+            handle.host_out = out
+            handle.event = torch.cuda.Event()
+            handle.event.record()
+        return handle
+
+    def result(self, handle: StepHandle) -> list[int]:
+        """The sampled ids of `handle.samplers`, in order (waits for the device)."""
+        n = len(handle.requests)
+        if handle.event is not None:
+            handle.event.synchronize()
+            tokens = handle.host_out[:n].tolist()
+        else:
+            tokens = handle.sampled.tolist()
+        if handle.sample_pos is None:
+            return tokens
+        return [tokens[i] for i in handle.sample_pos]
+
+    # -- the device step: forward + sampling (what a profile calls "device work") -----------
+    def device_step(self, step_inputs, n: int, sampling: SamplingBatch) -> torch.Tensor:
+        P, eager = step_inputs
+        if P is not None:
+            logits = self.graphs.run(P)[:n]
+        else:
+            logits = self._eager_forward(*eager)
+        return sample(logits, sampling, self.generator)
+
+    def _eager_forward(self, dev: torch.Tensor, n: int, T: int, width: int, o_qsl: int,
+                       has_src: bool) -> torch.Tensor:
+        rows = dev[:n]
+        seq_lens = dev[n:2 * n]
+        ids = dev[2 * n:2 * n + T]
+        if has_src:
+            src = dev[2 * n + T:2 * n + 2 * T]
+            ids = torch.where(src >= 0, self.sampled[src.clamp(min=0)], ids)
+        qsl = dev[o_qsl:o_qsl + n + 1]
+        block_tables = self.batch.block_table_dev[rows, :max(width, 1)]
+        t = self._arange64[:T]
+        if T == n:  # decodes only: token i is request i's
+            token_req = self._arange64[:n]
+            positions = seq_lens.long() - 1
+        else:
+            token_req = torch.searchsorted(qsl[1:], t.to(torch.int32), right=True)
+            positions = (seq_lens[token_req] - qsl[token_req + 1]).long() + t
+        bs = self.block_size
+        slots = block_tables[token_req, positions // bs].long() * bs + positions % bs
+        meta = AttentionMetadata(slot_mapping=slots, block_tables=block_tables, seq_lens=seq_lens,
+                                 query_start_loc=qsl)
+        return self.model.forward(ids, positions, meta, self.kv_caches, qsl[1:].long() - 1)
+
+    def _decode_body(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The padded decode forward on static buffers `inputs` [4, P] (see cuda_graphs.py)."""
+        P = inputs.shape[1]
+        rows, seq_lens, ids, src = inputs[0], inputs[1], inputs[2], inputs[3]
+        ids = torch.where(src >= 0, self.sampled[src.clamp(min=0)], ids)
+        block_tables = self.batch.block_table_dev[rows]
+        positions = (seq_lens.long() - 1).clamp(min=0)
+        bs = self.block_size
+        slots = block_tables.gather(1, (positions // bs)[:, None])[:, 0].long() * bs + positions % bs
+        slots = torch.where(seq_lens > 0, slots, -1)  # padding rows write no K/V
+        meta = AttentionMetadata(slot_mapping=slots, block_tables=block_tables, seq_lens=seq_lens,
+                                 query_start_loc=self._arange32[:P + 1])
+        return self.model.forward(ids, positions, meta, self.kv_caches, self._arange64[:P])

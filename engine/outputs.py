@@ -5,15 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
-    """A streaming delta and the state so far of one request.
+    """A streaming delta of one request, or its final state.
 
-    `new_token_ids`/`text_delta` are what this step added; `token_ids`/`text` are the whole
-    output so far. On the final output `finished` is True and `finish_reason` is one of
+    `new_token_ids`/`text_delta` are what this step added. On the final output (`finished`
+    True) `token_ids`/`text` are the whole output and `finish_reason` is one of
     stop | length | abort | error (`error` carries the message and `error_code` says whose
     fault it was: ERR_INVALID_REQUEST / ERR_PROMPT_TOO_LONG for the request itself,
     ERR_ENGINE for the engine's own trouble). Times are `time.time()`.
+
+    NOTE: on non-final outputs `token_ids` and `text` are the delta too (the same objects
+    as `new_token_ids` / `text_delta`): copying the whole output into every step's output
+    made streaming quadratic. Read the deltas while streaming, the totals on the final.
     """
 
     request_id: str

@@ -56,6 +56,13 @@ class Request:
     finish_time: float | None = None
     generator: torch.Generator | None = None
     detok: object = None  # engine.detokenizer.IncrementalDetokenizer
+    # Tokens sampled on the device but not yet seen by the host (0 or 1): with output
+    # processing overlapped (one step ahead), step N+1 is scheduled before step N's
+    # token is known, and that token is its input.
+    num_pending: int = 0
+    # prompt + max_tokens, capped by the model context (set by the engine): the token at
+    # position max_num_tokens - 1 ends the request, so its K/V is never computed.
+    max_num_tokens: int = 1 << 62
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
@@ -71,6 +78,15 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Tokens whose K/V the next step may compute: all known ones, plus a pending one
+        unless it is certain to end the request (by length)."""
+        n = len(self.all_token_ids) - self.num_computed_tokens
+        if self.num_pending:
+            n = min(n + self.num_pending, self.max_num_tokens - 1 - self.num_computed_tokens)
+        return n
 
     @property
     def is_finished(self) -> bool:

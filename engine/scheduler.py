@@ -13,6 +13,10 @@ single-token decodes share one forward pass. Order within a step:
 Out of blocks while placing running requests: preempt the lowest-priority, latest running
 request (free its blocks, put it back in the waiting queue to recompute). A request
 preempted more than `max_preemptions` times fails instead of looping.
+
+With output processing overlapped (one step ahead), the next step is scheduled before the
+last one's tokens are known: a request's pending token counts as one to compute
+(`Request.num_tokens_to_compute`), and the model runner feeds it from the device.
 """
 
 from __future__ import annotations
@@ -77,24 +81,36 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        # decodes (one token left to compute) first, then prefill chunks; stable otherwise
-        order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
-        for req in order:
+        # Decodes (one token left to compute) first, then prefill chunks, each group in
+        # `running` order: one pass that defers the prefills (no sort per step).
+        prefills: list[Request] = []
+        for req in self.running[:]:  # a copy: preemption removes from `running`
+            n = req.num_tokens_to_compute
+            if n == 1:
+                budget = self._place_running(req, 1, out, budget)
+                if budget == 0:
+                    return 0
+            elif n > 1:
+                prefills.append(req)
+        for req in prefills:
             if budget == 0:
                 break
-            if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
-                continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.kv.allocate_slots(req, n):
-                victim = max(self.running, key=lambda r: r.sort_key)
-                budget += self._preempt(victim, out)
-                if victim is req:
-                    break
-            else:
-                out.requests.append(req)
-                out.num_tokens.append(n)
-                budget -= n
+            budget = self._place_running(req, req.num_tokens_to_compute, out, budget)
         return budget
+
+    def _place_running(self, req: Request, n: int, out: SchedulerOutput, budget: int) -> int:
+        """Give req min(n, budget) tokens, preempting others while blocks are short."""
+        if req.status is not RequestStatus.RUNNING:  # preempted earlier in this step
+            return budget
+        n = min(n, budget)
+        while not self.kv.allocate_slots(req, n):
+            victim = max(self.running, key=lambda r: r.sort_key)
+            budget += self._preempt(victim, out)
+            if victim is req:
+                return budget
+        out.requests.append(req)
+        out.num_tokens.append(n)
+        return budget - n
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> int:
         """Preempt victim; return the budget it had been given this step (if any)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.scheduler import SchedulerOutput
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -21,15 +20,13 @@ class EngineStats:
     last_batch_size: int = 0
     generated_tokens: int = 0
 
-    def record_step(self, sched: SchedulerOutput, num_sampled: int) -> None:
-        decode = sum(1 for r, n in zip(sched.requests, sched.num_tokens)
-                     if n == 1 and r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens)
-        prefill = sched.total_tokens - decode
+    def record_step(self, total_tokens: int, decode: int, batch_size: int, num_sampled: int) -> None:
+        prefill = total_tokens - decode
         self.steps += 1
         self.prefill_tokens += prefill
         self.decode_tokens += decode
         self.last_prefill_tokens, self.last_decode_tokens = prefill, decode
-        self.last_batch_size = len(sched.requests)
+        self.last_batch_size = batch_size
         self.generated_tokens += num_sampled
 
     def snapshot(self, engine: "Engine") -> dict:

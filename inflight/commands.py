@@ -123,12 +123,16 @@ def cmd_result(args: Any, settings: Settings) -> int:
 def _stream(args: Any, client: Any, rid: str) -> int:
     from schemas import ErrorEvent, TokenEvent
 
+    printed = False
     for event in client.stream(rid, timeout=args.timeout):
         if args.json:
             _out(args, "", event.model_dump(mode="json"))
         elif isinstance(event, TokenEvent):
+            if event.index == 0 and printed:  # a new attempt (the request was redone)
+                print("\n[restarted on another attempt]")
             sys.stdout.write(event.text)
             sys.stdout.flush()
+            printed = True
         elif isinstance(event, ErrorEvent):
             print(f"\n[error {event.code}: {event.message}]")
             return 1

@@ -82,6 +82,9 @@ def run(args: Any, settings: Settings) -> int:
                 n = 0
                 for event in client.stream(rid, timeout=90):
                     if isinstance(event, TokenEvent):
+                        if event.index == 0 and n:  # a new attempt: the text starts over
+                            n = 0
+                            say("\n    [restarted]")
                         n += len(event.token_ids)
                         if not as_json:
                             print(event.text.replace("\n", "\n    "), end="", flush=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-from consumers.kafka_io import connect
 from schemas.errors import BrokerError
+from schemas.kafka_clients import connect
 from schemas.settings import Settings
 
 

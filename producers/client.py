@@ -8,28 +8,41 @@
 
 The request_id is the idempotency key and the Kafka key (so all events of a request sit
 in one results partition). Priority >= PRIORITY_BATCH goes to the batch topic.
+
+Batch jobs (run by the Celery workers of `inflight jobs`; see producers.batch_jobs):
+
+    b = client.create_batch("in.jsonl", endpoint="/v1/chat/completions", completion_window="24h")
+    client.get_batch(b.id).status         # validating → in_progress → finalizing → completed
+    client.cancel_batch(b.id); client.list_batches(); client.wait_batch(b.id, timeout=...)
+    for line in client.batch_results(b.id): ...            # output lines (dicts), input order
 """
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import orjson
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from kafka.errors import KafkaError
-from kafka.partitioner.default import murmur2
 from pydantic import ValidationError
 
 from schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, FinalEvent,
                      InferenceRequest, SamplingParams, SchemaError, Settings, TokenEvent,
                      decode_result, encode)
 from schemas.codec import schema_error
-from schemas.errors import BrokerError, InflightError
-from store import FINAL_STATUSES, Store
+from schemas.errors import BrokerError, InflightError, StateError
+from schemas.kafka_clients import partitions_of, plain_consumer, producer
+from store import FINAL_STATUSES, BatchRow, FileRow, Store
+
+from producers import batch_jobs
+from producers.celery_app import celery_app, send_enqueue
+from producers.stream import follow, partition_for
 
 NOT_FOUND = "not_found"
 STREAM_CLOCK_SLACK_S = 5.0   # start a stream this much before the submit time (clock skew)
@@ -73,11 +86,6 @@ class Result:
         return d
 
 
-def partition_for(key: str, num_partitions: int) -> int:
-    """kafka-python's default partitioner (murmur2, like the Java client)."""
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % num_partitions
-
-
 def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
              request_id: str | None = None, priority: int | None = None,
              metadata: Mapping | None = None, batch_id: str | None = None) -> InferenceRequest:
@@ -119,20 +127,14 @@ class Client:
         self.settings = settings or Settings()
         self._store = store
         self._producer: KafkaProducer | None = None
+        self._celery: Any = None
         self._submitted: dict[str, float] = {}
 
     # -- connections ----------------------------------------------------------------------
     @property
     def producer(self) -> KafkaProducer:
         if self._producer is None:
-            s = self.settings
-            try:
-                self._producer = KafkaProducer(
-                    acks="all", linger_ms=5, enable_idempotence=s.kafka_enable_idempotence,
-                    max_request_size=s.kafka_max_message_bytes + 64_000, **s.kafka_common())
-            except KafkaError as exc:
-                raise BrokerError(f"cannot reach Kafka at {s.kafka_bootstrap!r} ({exc}): start "
-                                  "a broker (`inflight broker`) or set INFLIGHT_KAFKA_BOOTSTRAP") from exc
+            self._producer = producer(self.settings, linger_ms=5)
         return self._producer
 
     @property
@@ -149,6 +151,9 @@ class Client:
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self._celery is not None:
+            self._celery.close()
+            self._celery = None
 
     def __enter__(self) -> "Client":
         return self
@@ -175,15 +180,20 @@ class Client:
         return req.request_id
 
     def _publish(self, req: InferenceRequest) -> None:
+        self.send(req)
+        self._submitted[req.request_id] = req.submitted_at
+
+    def send(self, req: InferenceRequest) -> Any:
+        """Publish one request without flushing or remembering it (long-running servers);
+        returns kafka-python's future, done when Kafka acknowledged the record."""
         value = encode(req)
         if len(value) > self.settings.kafka_max_message_bytes:
             raise SchemaError(f"request {req.request_id} is {len(value)} bytes, over the limit "
                               f"of {self.settings.kafka_max_message_bytes} "
                               "(INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten the prompt",
-                              request_id=req.request_id)
-        self._submitted[req.request_id] = req.submitted_at
+                              request_id=req.request_id, code="message_too_large")
         try:
-            self.producer.send(self.topic_for(req), key=req.request_id.encode(), value=value)
+            return self.producer.send(self.topic_for(req), key=req.request_id.encode(), value=value)
         except KafkaError as exc:
             raise BrokerError(f"publishing {req.request_id} failed: {exc}") from exc
 
@@ -222,9 +232,33 @@ class Client:
 
     def cancel(self, request_id: str) -> None:
         """Ask every worker to abort this request (it ends `cancelled`)."""
-        self.producer.send(self.settings.topic_cancel, key=request_id.encode(),
-                           value=orjson.dumps({"request_id": request_id}))
+        self.cancel_many([request_id])
+
+    def cancel_many(self, request_ids: Iterable[str]) -> int:
+        """Send a cancel for each id, then wait for the broker's acknowledgement."""
+        n = 0
+        try:
+            for rid in request_ids:
+                self.producer.send(self.settings.topic_cancel, key=rid.encode(),
+                                   value=orjson.dumps({"request_id": rid}))
+                n += 1
+        except KafkaError as exc:
+            raise BrokerError(f"publishing cancels failed: {exc}") from exc
         self.flush()
+        return n
+
+    def publish_encoded(self, items: Iterable[tuple[str, bytes]], *, topic: str) -> int:
+        """Send already-encoded requests (request_id, bytes) to `topic` and flush (the batch
+        enqueue task: it encoded and size-checked them while validating)."""
+        n = 0
+        try:
+            for rid, value in items:
+                self.producer.send(topic, key=rid.encode(), value=value)
+                n += 1
+        except KafkaError as exc:
+            raise BrokerError(f"publishing to {topic} failed: {exc}") from exc
+        self.flush()
+        return n
 
     # -- results ------------------------------------------------------------------------------
     def result(self, request_id: str) -> Result:
@@ -277,60 +311,24 @@ class Client:
 
     def stream(self, request_id: str, timeout: float = 120.0,
                since: float | None = None) -> Iterator[TokenEvent | FinalEvent | ErrorEvent]:
-        """Token events of one request in index order, then its final event.
+        """Token deltas of one request in index order, then its final event (see
+        producers/stream.py: an index-0 delta after others starts the text over, on a new
+        attempt; the deltas since the last index 0 add up to the final's text).
 
-        Reads only the results partition the key maps to, from the first offset stamped
-        at or after the submit time (`offsets_for_times`; never "latest"). Raises
-        RequestNotFound when nothing about the id shows up within `timeout` seconds.
+        Reads only the partition the key maps to of the tokens topic and of the results
+        topic, from the first offset stamped at or after the submit time
+        (`offsets_for_times`; never "latest"), so a stream started after the request
+        finished still returns its whole text. Raises RequestNotFound when no final event
+        shows up within `timeout` seconds.
         """
         s = self.settings
         start_ms = int(((since if since is not None else self._since(request_id))
                         - STREAM_CLOCK_SLACK_S) * 1000)
-        consumer = KafkaConsumer(group_id=None, enable_auto_commit=False,
-                                 auto_offset_reset="earliest", **s.kafka_common())
-        key = request_id.encode()
+        consumer = plain_consumer(s)
         try:
-            parts = consumer.partitions_for_topic(s.topic_results)
-            deadline = time.monotonic() + timeout
-            while not parts:
-                if time.monotonic() > deadline:
-                    raise BrokerError(f"results topic {s.topic_results!r} does not exist")
-                consumer.topics()
-                time.sleep(0.1)
-                parts = consumer.partitions_for_topic(s.topic_results)
-            tp = TopicPartition(s.topic_results, partition_for(request_id, len(parts)))
-            consumer.assign([tp])
-            while True:  # nothing stamped after `since` yet: ask again until something is
-                found = consumer.offsets_for_times({tp: max(start_ms, 0)}).get(tp)
-                if found is not None:
-                    consumer.seek(tp, found.offset)
-                    break
-                if time.monotonic() > deadline:
-                    raise RequestNotFound(self._not_found_message(request_id, timeout))
-                time.sleep(0.1)
-            expected, held = 0, {}
-            while True:
-                if time.monotonic() > deadline:
-                    raise RequestNotFound(self._not_found_message(request_id, timeout))
-                for rec in consumer.poll(timeout_ms=200).get(tp, []):
-                    if rec.key != key:
-                        continue
-                    try:
-                        event = decode_result(rec.value)
-                    except SchemaError:
-                        continue
-                    if isinstance(event, TokenEvent):
-                        if event.index < expected:
-                            continue  # a redo after a worker crash replays from index 0
-                        held[event.index] = event
-                        while expected in held:
-                            yield held.pop(expected)
-                            expected += 1
-                        continue
-                    for idx in sorted(held):
-                        yield held[idx]
-                    yield event
-                    return
+            yield from follow(consumer, s, request_id, start_ms, time.monotonic() + timeout,
+                              partitions_of, lambda: RequestNotFound(
+                                  self._not_found_message(request_id, timeout)))
         finally:
             consumer.close()
 
@@ -341,3 +339,89 @@ class Client:
                     f"{timeout:.0f}s; is a worker running? (`inflight worker`)")
         return (f"request {request_id} not found: nothing in the store and no events on "
                 f"{self.settings.topic_results} within {timeout:.0f}s")
+
+    # -- batch jobs (see producers.batch_jobs) ---------------------------------------------
+    @property
+    def celery(self) -> Any:
+        if self._celery is None:
+            self._celery = celery_app(self.settings)
+        return self._celery
+
+    def upload_file(self, source: str | Path | bytes | BinaryIO, *, purpose: str = "batch",
+                    filename: str | None = None, owner: str | None = None,
+                    progress: bool = False) -> FileRow:
+        """Store a file (a path, bytes or a binary file object), streamed in 1 MiB pieces."""
+        from tqdm import tqdm
+
+        if isinstance(source, (str, Path)):
+            path = Path(source)
+            try:
+                fh: BinaryIO = open(path, "rb")
+            except OSError as exc:
+                raise SchemaError(f"cannot read {path}: {exc.strerror}") from None
+            name, total = filename or path.name, path.stat().st_size
+        elif isinstance(source, (bytes, bytearray)):
+            fh, name, total = io.BytesIO(source), filename or "input.jsonl", len(source)
+        else:
+            fh, name, total = source, filename or getattr(source, "name", "input.jsonl"), None
+        with fh, tqdm(total=total, unit="B", unit_scale=True, desc="upload",
+                      disable=not progress) as bar:
+            return self.store.create_file(iter(lambda: fh.read(1 << 20), b""), purpose=purpose,
+                                          filename=str(name), owner=owner, progress=bar.update)
+
+    def create_batch(self, source: str | Path | bytes | BinaryIO | None = None, *,
+                     input_file_id: str | None = None,
+                     endpoint: str = "/v1/chat/completions", completion_window: str = "24h",
+                     metadata: Mapping[str, str] | None = None, owner: str | None = None,
+                     progress: bool = False) -> BatchRow:
+        """Upload `source` (or use an uploaded `input_file_id`), create a `validating`
+        batch and hand it to the Celery workers (`inflight jobs`) to validate and enqueue."""
+        if (source is None) == (input_file_id is None):
+            raise SchemaError("create_batch: give a file to upload or an input_file_id (one)")
+        if input_file_id is None:
+            input_file_id = self.upload_file(source, owner=owner, progress=progress).id  # type: ignore[arg-type]
+        b = batch_jobs.create_batch(self.store, input_file_id=input_file_id, endpoint=endpoint,
+                                    completion_window=completion_window,
+                                    metadata=dict(metadata) if metadata else None, owner=owner)
+        send_enqueue(self.celery, b.id)
+        return b
+
+    def get_batch(self, batch_id: str) -> BatchRow:
+        """The batch row (NotFoundError for an unknown id); batch_jobs.batch_object(row)
+        gives the OpenAI JSON."""
+        return self.store.require_batch(batch_id)
+
+    def list_batches(self, *, limit: int = 20, after: str | None = None,
+                     owner: str | None = None) -> list[BatchRow]:
+        return self.store.list_batches(limit=limit, after=after, owner=owner)
+
+    def cancel_batch(self, batch_id: str) -> BatchRow:
+        return batch_jobs.cancel_batch(self.store, self, batch_id)
+
+    def wait_batch(self, batch_id: str, timeout: float | None = None,
+                   poll_s: float = 0.5) -> BatchRow:
+        """Poll until the batch is completed/failed/expired/cancelled or `timeout` passes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            b = self.get_batch(batch_id)
+            if b.is_final or (deadline is not None and time.monotonic() >= deadline):
+                return b
+            time.sleep(poll_s)
+
+    def batch_file_lines(self, batch_id: str, *, errors: bool = False) -> Iterator[bytes]:
+        """Raw lines of the batch's output file (or error file); none while it has none.
+        StateError while the batch has not ended."""
+        b = self.get_batch(batch_id)
+        if not b.is_final:
+            raise StateError(f"batch {batch_id} is {b.status}; results exist once it is "
+                             "completed, expired or cancelled")
+        fid = b.error_file_id if errors else b.output_file_id
+        if fid is None:
+            return
+        for _, line in self.store.iter_file_lines(fid):
+            yield line
+
+    def batch_results(self, batch_id: str, *, errors: bool = False) -> Iterator[dict[str, Any]]:
+        """The output (or error) lines of an ended batch as dicts, in input order."""
+        for line in self.batch_file_lines(batch_id, errors=errors):
+            yield orjson.loads(line)

@@ -32,6 +32,7 @@ ERR_ENGINE = "engine_error"
 ERR_INTERNAL = "internal_error"
 ERR_CANCELLED = "cancelled"
 ERR_EXPIRED = "expired"
+ERR_STORE_REJECTED = "store_rejected"     # the database refused the request's row (recorder)
 
 
 class Usage(WireModel):

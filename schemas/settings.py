@@ -65,15 +65,27 @@ class Settings(BaseSettings):
     max_num_seqs: int | None = None  # requests running at once (None = worker_max_inflight)
     max_num_batched_tokens: int | None = None  # token budget of one forward pass (2048)
     max_model_len: int | None = None  # context cap (None = the checkpoint's)
-    kv_cache_bytes: int | None = None  # KV budget in bytes (engine default: 1 GiB)
+    kv_cache_bytes: int | None = None  # KV budget in bytes (engine default: 1 GiB on CPU; CUDA: below)
+    kv_cache_memory_fraction: float | None = None  # CUDA, no kv_cache_bytes: share of free GPU memory (0.9)
     block_size: int | None = None  # tokens per KV block (16)
     enable_prefix_caching: bool = True
     kernels: str | None = None  # torch | triton (None = triton on CUDA, torch on CPU)
+    cuda_graphs: bool | None = None  # decode steps as CUDA graphs (None = on for CUDA + triton; 0 = off)
     # --device cuda:auto: workers of one host claim distinct GPUs through lock files here
     gpu_lock_dir: Path | None = None  # None = <data_dir>/gpu-locks
 
     # --- batch jobs ----------------------------------------------------------------
-    celery_broker: str | None = None  # e.g. redis://127.0.0.1:6379/0; None = SQL transport
+    # Celery broker: redis://host:6379/0 in production. None = the embedded transport
+    # (kombu's filesystem transport in <data_dir>/celery: no server, one machine).
+    celery_broker: str | None = None
+    celery_queue: str = "inflight-batch"   # the Celery queue of batch tasks
+    batch_sweep_interval_s: float = 10.0   # period of the sweep (counts, finalize, expire)
+    batch_lease_s: float = 120.0           # a dead sweeper's / enqueuer's claim lapses after this
+    batch_cancel_grace_s: float = 600.0    # cancelling: requests not final by then end `cancelled`
+    batch_enqueue_chunk: int = 1000        # lines per store insert + producer flush + progress update
+    # Context length checked against max_tokens at validation; None = max_position_embeddings
+    # from <model folder>/config.json (read as JSON; the model is never loaded).
+    batch_context_length: int | None = None
 
     # --- worker ----------------------------------------------------------------------
     worker_max_inflight: int = 64
@@ -81,6 +93,9 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a container, so Prometheus can scrape it
     # Idempotent producers break on Tansu after a broker restart: off unless asked for.
     kafka_enable_idempotence: bool = False
+    # cancels stamped this far back are honoured by a worker that starts later (a request
+    # can wait that long in a backlog); 24 h = the OpenAI batch completion window
+    cancel_lookback_s: float = Field(default=86_400.0, ge=0.0)
     worker_drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work for this long, then hand back
     metrics_interval_s: float = 10.0  # one-line summary period (0 = never)
     metrics_lag_interval_s: float = 5.0  # consumer-lag probe period (only with a metrics port)
@@ -89,6 +104,18 @@ class Settings(BaseSettings):
     # every stream_interval_ms or as soon as it holds stream_max_tokens tokens
     stream_interval_ms: int = Field(default=50, ge=0)
     stream_max_tokens: int = Field(default=256, ge=1)
+
+    # --- HTTP API (api/, `inflight api`) -------------------------------------------------
+    # INFLIGHT_API_AUTH=off serves everyone without a key: only for the local demo (logged loudly).
+    api_auth: bool = True
+    api_max_body_bytes: int = 4_000_000        # JSON bodies (single requests, chat completions)
+    api_max_upload_bytes: int = 200_000_000    # one uploaded batch file / message-batch body
+    api_max_upload_lines: int = 50_000         # lines (requests) in one batch file
+    api_max_line_bytes: int = 1_000_000        # one line of a batch file
+    api_key_cache_s: float = 2.0               # a verified key is re-checked for revocation this often
+    api_wait_timeout_s: float = 600.0          # chat completions: wait this long for the final event
+    api_max_streams: int = 64                  # open SSE streams / waiting chat completions per process
+    api_final_cache_bytes: int = 64_000_000    # answers of finished requests kept per process (0 = off)
 
     def kafka_common(self) -> dict[str, Any]:
         """kafka-python keyword arguments shared by producers, consumers and admin clients."""

@@ -7,12 +7,14 @@ from store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BATCH_STATUS
                           IN_PROGRESS, QUEUED, RUNNING, STATUS_RANK, STATUSES, VALIDATING,
                           BatchRow, FileRow, RequestRow)
 from store.queries import Store, normalize_url
-from store.rows import FINISH_TO_STATUS, error_row, final_row, queued_row, running_row
+from store.keys import ApiKeyRow  # registers api_keys on Base.metadata (migrations compare it)
+from store.rows import (FINISH_TO_STATUS, error_row, final_row, queued_row, running_row,
+                        stand_in_rows)
 
-__all__ = ["Store", "upgrade", "normalize_url", "RequestRow", "BatchRow", "FileRow", "STATUSES",
+__all__ = ["Store", "upgrade", "normalize_url", "RequestRow", "BatchRow", "FileRow", "ApiKeyRow", "STATUSES",
            "BATCH_STATUSES", "BATCH_FINAL_STATUSES", "BATCH_PREDECESSORS", "VALIDATING",
            "IN_PROGRESS", "FINALIZING", "CANCELLING", "CHUNK_BYTES", "FILE_PURPOSES",
            "new_file_id",
            "FINAL_STATUSES", "STATUS_RANK", "QUEUED", "RUNNING", "COMPLETED", "FAILED",
            "CANCELLED", "EXPIRED", "FINISH_TO_STATUS", "queued_row", "running_row", "final_row",
-           "error_row"]
+           "error_row", "stand_in_rows"]

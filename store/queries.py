@@ -11,11 +11,13 @@ NOTE: so a final row (completed/failed/cancelled/expired), once written, is neve
 overwritten — not by a duplicate final (first wins), not by a late queued/running; a
 NULL in the new row never erases a value already stored.
 
-One exception fills gaps without moving anything: the describing columns (_FILL_ONLY:
-prompt, params, batch_id, priority, custom_id, owner) of a row that lacks them are taken from a row that
-does not move forward. Events can reach the recorder out of order (the final event
-before the queued one, from different topics), and the final row must not lose the
-prompt; a value already stored is never replaced.
+The describing columns (_FILL_ONLY: prompt, params, batch_id, priority, custom_id,
+owner) follow their own rule, first value wins: they are filled where missing (also by a
+row that does not move forward) and never replaced (also not by one that does). Events
+can reach the recorder out of order (the final event before the queued one, from
+different topics), and the final row must not lose the prompt; and a second submission
+of the same request_id (the idempotency key) carrying another prompt must not overwrite
+the first one's prompt and params, which is what the worker ran.
 """
 
 from __future__ import annotations
@@ -67,20 +69,25 @@ def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     if old is None:
         return new
     r_old, r_new = STATUS_RANK[old["status"]], STATUS_RANK[new["status"]]
+    fills = {k: new[k] for k in _FILL_ONLY if old[k] is None and new[k] is not None}
     if r_new > r_old or (r_new == r_old and r_old < 2):
         return {k: (new[k] if new[k] is not None or k in _KEEP_ON_CONFLICT else old[k])
-                for k in new} | {"created_at": old["created_at"],
-                                 "attempts": max(old["attempts"], new["attempts"])}
-    return old | {k: new[k] for k in _FILL_ONLY if old[k] is None and new[k] is not None}
+                for k in new} | {k: old[k] for k in _FILL_ONLY} | fills | {
+                    "created_at": old["created_at"],
+                    "attempts": max(old["attempts"], new["attempts"])}
+    return old | fills
 
 
 class Store(BatchQueries, FileQueries):
     """The SQL store (requests here; batches in store.batch_queries, files in store.files). `Store(url)` expects migrated tables (run `inflight db upgrade`);
     `Store(url, create=True)` runs the Alembic migrations first (tests, embedded SQLite)."""
 
-    def __init__(self, url: str, *, create: bool = False, echo: bool = False):
+    def __init__(self, url: str, *, create: bool = False, echo: bool = False,
+                 pre_ping: bool = True):
         self.url = normalize_url(url)
-        kwargs: dict[str, Any] = {"pool_pre_ping": True, "echo": echo}
+        # pre_ping=False saves a round trip per checkout (the HTTP API's polls); a
+        # connection found dead then fails one statement and the pool is invalidated.
+        kwargs: dict[str, Any] = {"pool_pre_ping": pre_ping, "echo": echo}
         self.dialect = make_url(self.url).get_backend_name()
         if self.dialect == "sqlite":
             kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
@@ -102,11 +109,11 @@ class Store(BatchQueries, FileQueries):
             upgrade(self.url)
 
     @classmethod
-    def embedded(cls, url: str) -> "Store":
+    def embedded(cls, url: str, *, pre_ping: bool = True) -> "Store":
         """The embedded default: a SQLite file is created and migrated on first use (a
         Postgres URL is not — production databases are migrated by `inflight db upgrade`)."""
         norm = normalize_url(url)
-        return cls(norm, create=make_url(norm).get_backend_name() == "sqlite")
+        return cls(norm, create=make_url(norm).get_backend_name() == "sqlite", pre_ping=pre_ping)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -130,6 +137,10 @@ class Store(BatchQueries, FileQueries):
                     "Check INFLIGHT_DATABASE_URL and that the server is up; the operation "
                     "was not applied and can be retried.") from e
             raise StoreError(f"database error on {redact(self.url)}: {e.orig or e}") from e
+        except (SQLAlchemyError, UnicodeError) as e:
+            # a value the driver cannot send (bind processing, an unencodable string): the
+            # data is refused, the database is fine (callers must not retry it as is)
+            raise StoreError(f"database {redact(self.url)} cannot take a value: {e}") from e
 
     # --- requests ---------------------------------------------------------------------
 
@@ -169,8 +180,7 @@ class Store(BatchQueries, FileQueries):
                 set_ = {c: case((forward, func.coalesce(new[c], old[c])), else_=old[c])
                         for c in _REQUEST_COLUMNS
                         if c not in _KEEP_ON_CONFLICT and c not in _FILL_ONLY}
-                set_ |= {c: case((forward, func.coalesce(new[c], old[c])),
-                                 else_=func.coalesce(old[c], new[c])) for c in _FILL_ONLY}
+                set_ |= {c: func.coalesce(old[c], new[c]) for c in _FILL_ONLY}  # first wins
                 set_["attempts"] = case((forward, self._greatest(new.attempts, old.attempts)),
                                         else_=old.attempts)
                 stmt = stmt.on_conflict_do_update(index_elements=[table.c.id], set_=set_,
@@ -211,6 +221,19 @@ class Store(BatchQueries, FileQueries):
         with self.session() as s:
             rows = s.scalars(select(RequestRow).where(RequestRow.id.in_(ids))).all()
             return {r.id: r for r in rows}
+
+    def result_rows(self, request_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """{id: {status, output, finish_reason, usage, error, error_code, finished_at}} for
+        the ids that exist: plain dicts through Core (no ORM objects), for writing large
+        batch result files."""
+        ids = list(request_ids)
+        if not ids:
+            return {}
+        t = RequestRow.__table__.c
+        cols = (t.id, t.status, t.output, t.finish_reason, t.usage, t.error, t.error_code,
+                t.finished_at)
+        with self.session() as s:
+            return {r.id: r._asdict() for r in s.execute(select(*cols).where(t.id.in_(ids)))}
 
     def list_batch(self, batch_id: str, *, status: str | Iterable[str] | None = None,
                    after: str | None = None, limit: int = 1000) -> list[RequestRow]:

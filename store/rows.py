@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from schemas.events import ERR_CANCELLED, ERR_EXPIRED, ErrorEvent, FinalEvent
+from schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_STORE_REJECTED, ErrorEvent,
+                            FinalEvent)
 from schemas.requests import InferenceRequest
 from store.models import CANCELLED, COMPLETED, EXPIRED, FAILED, QUEUED, RUNNING
 
@@ -15,7 +16,14 @@ _ERROR_CODE_TO_STATUS = {ERR_CANCELLED: CANCELLED, ERR_EXPIRED: EXPIRED}
 
 
 def _ts(epoch: float | None) -> datetime | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc)
+    """Epoch seconds as an aware datetime; None when unknown or out of datetime's range (a
+    client may send any `submitted_at`: it must not make its row unbuildable)."""
+    if epoch is None:
+        return None
+    try:
+        return datetime.fromtimestamp(epoch, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def queued_row(req: InferenceRequest) -> dict[str, Any]:
@@ -49,3 +57,29 @@ def error_row(event: ErrorEvent, *, now: float | None = None) -> dict[str, Any]:
     return {"id": event.request_id, "batch_id": event.batch_id, "status": status,
             "finish_reason": "error" if status == FAILED else "abort", "error": event.message, "error_code": event.code, "worker": event.worker,
             "finished_at": _ts(now) if now is not None else datetime.now(timezone.utc)}
+
+
+def stand_in_rows(row: dict[str, Any], reason: str) -> list[dict[str, Any]]:
+    """Smaller rows to try, in order, when the database refuses `row` for its content.
+
+    NOTE: a request must still end with exactly one final row. A refused final row
+    becomes an error row that says why (a completed one becomes `failed`: its output is not
+    stored); cancelled/expired/failed keep their status. A refused queued/running row keeps
+    only its identity (the final row comes later and fills in). The first stand-in keeps the
+    small describing columns, the last only id and status, in case one of those was the
+    refused value."""
+    status = row["status"]
+    if status in (QUEUED, RUNNING):
+        identity = ("id", "status", "batch_id", "priority", "custom_id", "owner", "created_at")
+        return [{k: row.get(k) for k in identity},
+                {"id": row["id"], "status": status}]
+    final_status = FAILED if status == COMPLETED else status
+    what = "its output was produced but is not stored" if status == COMPLETED else "its result"
+    message = (f"the database refused this request's {status} row, so {what}: {reason}. "
+               "The recorder's log has the details; the request is not retried")
+    bare = {"id": row["id"], "status": final_status,
+            "finish_reason": "error" if final_status == FAILED else row.get("finish_reason"),
+            "error": message, "error_code": ERR_STORE_REJECTED,
+            "finished_at": row.get("finished_at") or datetime.now(timezone.utc)}
+    keep = ("batch_id", "worker", "usage", "timings", "started_at")
+    return [bare | {k: row.get(k) for k in keep}, bare]

@@ -74,7 +74,7 @@ def read_topic(settings: Settings, topic: str, *, until=None, timeout: float = 1
     """Every record of `topic` from the beginning (stops when `until(records)` or timeout)."""
     from kafka import TopicPartition
 
-    from consumers.kafka_io import partitions_of, plain_consumer
+    from schemas.kafka_clients import partitions_of, plain_consumer
 
     consumer = plain_consumer(settings)
     try:
@@ -99,18 +99,29 @@ def read_topic(settings: Settings, topic: str, *, until=None, timeout: float = 1
 
 
 def results_by_request(settings: Settings, expect_finals: set[str], timeout: float = 20.0) -> dict:
-    """{request_id: [decoded events in topic order]} once every id in `expect_finals` has a
-    final event on the results topic."""
+    """{request_id: [decoded events of the results topic (status, final), in topic order]}
+    once every id in `expect_finals` has a final event there."""
     from schemas import decode_result
 
     def done(recs) -> bool:
         finals = {r.key.decode() for r in recs
-                  if r.key and b'"type":"token"' not in r.value}
+                  if r.key and b'"type":"status"' not in r.value}
         return expect_finals <= finals
 
     recs = read_topic(settings, settings.topic_results, until=done, timeout=timeout)
     events = defaultdict(list)
     for r in recs:
+        ev = decode_result(r.value)
+        events[ev.request_id].append(ev)
+    return dict(events)
+
+
+def tokens_by_request(settings: Settings, timeout: float = 5.0) -> dict:
+    """{request_id: [TokenEvents of the tokens topic, in topic order]} (all of it)."""
+    from schemas import decode_result
+
+    events = defaultdict(list)
+    for r in read_topic(settings, settings.topic_results_tokens, timeout=timeout):
         ev = decode_result(r.value)
         events[ev.request_id].append(ev)
     return dict(events)

@@ -63,7 +63,12 @@ def test_worker_and_recorder_endpoints_during_a_run(broker, tiny_model, tmp_path
     port = free_port_pair()
     settings = make_settings(broker, url, partitions=2, metrics_port=port,
                              metrics_lag_interval_s=0.2)
-    svc = Service(settings, tiny_engine(tiny_model, block_size=4, max_num_seqs=4), store)
+    engine = tiny_engine(tiny_model, block_size=4, max_num_seqs=4)
+    # NOTE: the engine steps on a thread of its own: the tiny model would finish the run
+    # between two scrapes. 10 ms a step keeps it going for ~0.5 s (a throttle, nothing more).
+    step = engine.step
+    engine.step = lambda: (time.sleep(0.01), step())[1]
+    svc = Service(settings, engine, store)
     client = Client(settings, store=store)
     try:
         prefix = "the quick brown fox jumps over the lazy dog " * 3  # shared prefix: cache hits

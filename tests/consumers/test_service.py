@@ -10,9 +10,10 @@ import uuid
 import orjson
 import pytest
 
-from schemas import ErrorEvent, FinalEvent, SamplingParams, TokenEvent
+from schemas import ErrorEvent, FinalEvent, SamplingParams, StatusEvent, TokenEvent
 from tests.consumers.conftest import (Service, make_settings, migrated, read_topic,
-                                      results_by_request, tiny_engine, wait_rows)
+                                      results_by_request, tiny_engine, tokens_by_request,
+                                      wait_rows)
 from tests.tiny_llama import SENTENCES
 
 pytestmark = [pytest.mark.broker]
@@ -68,15 +69,23 @@ def test_twenty_prompts_match_engine_generate(service, tiny_model):
         assert rows[rid].output == want.text
         assert rows[rid].output_token_ids == want.token_ids
 
-    # token events of each request: indices 0..n-1 in topic order, then one final event
+    # results topic: one status event, then one final event, of one attempt; tokens topic:
+    # coalesced deltas of that attempt, indices 0..n-1 and `start` counting tokens, in order
     events = results_by_request(service.settings, set(ids))
+    deltas = tokens_by_request(service.settings)
     for rid in ids:
-        evs = events[rid]
-        tokens = [e for e in evs if isinstance(e, TokenEvent)]
+        status, final = events[rid]
+        assert isinstance(status, StatusEvent) and isinstance(final, FinalEvent)
+        assert status.attempt == final.attempt and status.worker == final.worker
+        tokens = deltas[rid]
+        assert {e.attempt for e in tokens} == {final.attempt}
         assert [e.index for e in tokens] == list(range(len(tokens)))
-        assert isinstance(evs[-1], FinalEvent) and sum(isinstance(e, FinalEvent) for e in evs) == 1
-        assert [t for e in tokens for t in e.token_ids] == evs[-1].token_ids == rows[rid].output_token_ids
-        assert "".join(e.text for e in tokens) == evs[-1].text
+        assert [e.start for e in tokens] == [sum(len(t.token_ids) for t in tokens[:i])
+                                             for i in range(len(tokens))]
+        assert [t for e in tokens for t in e.token_ids] == final.token_ids == rows[rid].output_token_ids
+        assert "".join(e.text for e in tokens) == final.text
+    # deltas are coalesced: the first at once, then one per flush interval (not per token)
+    assert sum(len(deltas[rid]) for rid in ids) < sum(len(events[rid][1].token_ids) for rid in ids)
 
 
 def test_stream_yields_tokens_then_final(service):
@@ -103,7 +112,7 @@ def test_same_request_id_twice_is_one_row_one_run(service):
     assert w.metrics["admitted"] - admitted == 1      # one engine run
     assert w.metrics["duplicates"] - dups == 1
     events = results_by_request(service.settings, {rid})[rid]
-    assert sum(not isinstance(e, TokenEvent) for e in events) == 1  # one final event
+    assert sum(isinstance(e, FinalEvent) for e in events) == 1  # one final event
 
 
 def test_bad_messages_error_rows_dlq_and_neighbours_complete(service):
@@ -125,7 +134,8 @@ def test_bad_messages_error_rows_dlq_and_neighbours_complete(service):
     headers = [("trace", b"abc123")]
     client.submit("one two three", SamplingParams(max_tokens=5, temperature=0), request_id=good[0], flush=False)
     for i, (rid, raw) in enumerate(bad.values()):
-        client.publish_raw(s.topic_requests, raw, key=(rid or f"nokey{i}").encode(), headers=headers)
+        # no key on the not-JSON one: nothing names it (a key would: see test_poison_pills)
+        client.publish_raw(s.topic_requests, raw, key=rid.encode() if rid else None, headers=headers)
         if i == 2:
             client.submit("four five six", SamplingParams(max_tokens=5, temperature=0), request_id=good[1], flush=False)
     client.submit("seven eight", SamplingParams(max_tokens=5, temperature=0), request_id=good[2], flush=False)
@@ -163,18 +173,27 @@ def test_cancel_running_request_frees_its_blocks(service):
     client, worker = service.client, service.worker
     # make the worker's cancel reader live (it starts at the first cancel after its start)
     client.cancel(f"warmup-{uuid.uuid4().hex[:6]}")
-    rid = client.submit("hello world", SamplingParams(max_tokens=480, ignore_eos=True, temperature=0))
-    stream = client.stream(rid, timeout=30)
-    first = next(stream)
-    assert isinstance(first, TokenEvent)
-    client.cancel(rid)
-    rest = list(stream)
+    # NOTE: the tiny model makes 480 tokens in well under a second, faster than a cancel
+    # travels; 10 ms a step keeps this request running for ~5 s (a throttle, nothing more).
+    engine = worker.engine
+    step = engine.step
+    engine.step = lambda: (time.sleep(0.01), step())[1]
+    try:
+        rid = client.submit("hello world", SamplingParams(max_tokens=480, ignore_eos=True,
+                                                          temperature=0))
+        stream = client.stream(rid, timeout=30)
+        first = next(stream)
+        assert isinstance(first, TokenEvent)
+        client.cancel(rid)
+        rest = list(stream)
+    finally:
+        del engine.step
     assert isinstance(rest[-1], FinalEvent) and rest[-1].finish_reason == "abort"
     assert len(rest[-1].token_ids) < 480
     row = wait_rows(service.store, [rid])[rid]
     assert row.status == "cancelled"
     deadline = time.monotonic() + 10
-    while worker.inflight and time.monotonic() < deadline:
+    while worker.in_flight and time.monotonic() < deadline:
         time.sleep(0.05)
     assert worker.engine.kv.pool.num_used_blocks == 0  # nothing else runs: all blocks back
 
@@ -193,3 +212,79 @@ def test_cancel_before_it_is_polled(service):
 def test_unknown_id_is_not_found(service):
     res = service.client.result("no-such-request")
     assert res.status == "not_found" and not res.found and not res.done
+
+
+def test_poison_pills_end_as_error_rows_and_dlq_copies(service):
+    """Produced straight onto the requests topic, as a non-Python producer may: each ends
+    as an error row under its id (the Kafka key where the body cannot be parsed) plus a
+    DLQ copy the worker could send, and the neighbours complete."""
+    from schemas.kafka_clients import producer
+    from tests.raw_kafka import produce_raw
+
+    s, client = service.settings, service.client
+    tag = uuid.uuid4().hex[:6]
+    good = [f"pp-good-{tag}-{i}" for i in range(2)]
+    deep = b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    keyed = {  # unparsable bodies: the key names the request
+        f"pp-utf8-{tag}": b'{"request_id": "x", "prompt": "\xff\xfe"}',
+        f"pp-list-{tag}": orjson.dumps([{"request_id": "nope", "prompt": "hi"}]),
+        f"pp-deep-{tag}": deep,
+    }
+    null_id, huge_id = f"pp-null-{tag}", f"pp-huge-{tag}"
+    null_raw = orjson.dumps({"request_id": null_id, "prompt": 5})
+    huge_raw = orjson.dumps({"request_id": huge_id, "prompt": "x " * 100_000})  # 200 KB
+    client.submit("one two three", SamplingParams(max_tokens=5, temperature=0),
+                  request_id=good[0])
+    for rid, raw in keyed.items():
+        client.publish_raw(s.topic_requests, raw, key=rid.encode())
+    client.flush()
+    # a null header value (kafka-python's producer refuses to send one, so did the DLQ copy)
+    produce_raw(s.kafka_bootstrap, s.topic_requests, 0,
+                [(null_id.encode(), null_raw, [("trace", None), ("x", b"1")])])
+    # over what the worker's producer may send (max_request_size): the old worker retried
+    # its DLQ copy forever
+    big = producer(s, max_request_size=4_000_000)
+    big.send(s.topic_requests, key=huge_id.encode(), value=huge_raw).get(timeout=30)
+    big.close()
+    client.submit("four five six", SamplingParams(max_tokens=5, temperature=0),
+                  request_id=good[1])
+
+    ids = good + list(keyed) + [null_id, huge_id]
+    rows = wait_rows(service.store, ids, timeout=60)
+    assert {rid: rows[rid].status for rid in ids} == {
+        **dict.fromkeys(good, "completed"), **dict.fromkeys(ids[2:], "failed")}
+    assert {rid: rows[rid].error_code for rid in ids[2:]} == {
+        **dict.fromkeys(keyed, "invalid_request"), null_id: "invalid_request",
+        huge_id: "message_too_large"}
+    assert "JSON object" in rows[f"pp-list-{tag}"].error
+    dlq = read_topic(s, s.topic_dlq, until=lambda recs: set(ids[2:]) <= {
+        r.key.decode() for r in recs if r.key})
+    copies = {r.key.decode(): r for r in dlq if r.key and r.key.decode() in ids}
+    for rid, raw in keyed.items():
+        assert copies[rid].value == raw
+    assert copies[null_id].value == null_raw
+    assert dict(copies[null_id].headers)["trace"] == b"" and dict(copies[null_id].headers)["x"] == b"1"
+    huge = dict(copies[huge_id].headers)
+    assert copies[huge_id].value == huge_raw[:65536] and huge["inflight-truncated"]
+    assert huge["inflight-original-bytes"] == str(len(huge_raw)).encode()
+
+
+def test_a_stream_started_after_the_request_finished_returns_all_of_it(service):
+    """From the deltas (a streaming request) or from the final alone (a request that did not
+    stream: batch priority by default, or stream=False)."""
+    client = service.client
+    p = SamplingParams(max_tokens=12, temperature=0)
+    streamed = client.submit("the quick brown fox", p)
+    quiet = client.submit("the quick brown fox", p, priority=10)  # batch: stream off
+    rows = wait_rows(service.store, [streamed, quiet])
+    for rid in (streamed, quiet):
+        events = list(client.stream(rid, timeout=30))
+        final = events[-1]
+        assert isinstance(final, FinalEvent) and final.text == rows[rid].output
+        tokens = [e for e in events if isinstance(e, TokenEvent)]
+        assert [e.index for e in tokens] == list(range(len(tokens)))
+        assert "".join(e.text for e in tokens) == final.text
+        assert [t for e in tokens for t in e.token_ids] == rows[rid].output_token_ids
+    assert rows[streamed].output == rows[quiet].output            # same prompt, greedy
+    deltas = tokens_by_request(service.settings)
+    assert streamed in deltas and quiet not in deltas             # nothing streamed for it

@@ -1,5 +1,6 @@
 """The engine on a tiny random Llama gives the same greedy tokens with the Triton kernels
-(under the interpreter on CPU, chosen through INFLIGHT_KERNELS) as with the torch path.
+(chosen through INFLIGHT_KERNELS) as with the torch path: on CUDA when there is a GPU,
+else on CPU under the Triton interpreter.
 
 Small blocks and a small step budget make the steps mixed: chunked prefills beside
 decodes, a prefix shared between two prompts through the prefix cache, contexts that end
@@ -7,10 +8,13 @@ mid-block and on block edges.
 """
 
 import pytest
+import torch
 
 from tests.tiny_llama import write_tiny_llama
 
 engine = pytest.importorskip("engine")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 PROMPTS = [
     "the quick brown fox jumps over the lazy dog and the quick brown fox",
@@ -28,7 +32,8 @@ def tiny_model(tmp_path_factory):
 
 def run(model, kernels):
     config = engine.EngineConfig(model=model, kernels=kernels, block_size=4, num_kv_blocks=64,
-                                 max_num_batched_tokens=16, max_num_seqs=4, dtype="float32")
+                                 max_num_batched_tokens=16, max_num_seqs=4, dtype="float32",
+                                 device=DEVICE)
     eng = engine.Engine(config)
     assert eng.ops.name == (kernels or "triton")
     params = engine.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

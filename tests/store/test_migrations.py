@@ -32,9 +32,10 @@ def test_upgrade_from_empty_database(empty_db_url, tmp_path, monkeypatch):
     assert {"ix_batches_status", "ix_batches_owner", "ix_batches_created_at"} <= tables["batches"]
     assert "ix_requests_owner" in tables["requests"]
     assert {"files", "file_chunks"} <= set(tables)
-    assert current_revision(url) == head_revision() == "0002"
+    assert "ix_api_keys_owner" in tables["api_keys"]
+    assert current_revision(url) == head_revision() == "0003"
     upgrade(url)  # a second upgrade is a no-op
-    assert current_revision(url) == "0002"
+    assert current_revision(url) == "0003"
 
 
 def test_models_match_the_migration(empty_db_url):
@@ -100,7 +101,7 @@ def test_upgrade_0001_to_0002_keeps_the_data(empty_db_url):
               "err": "boom" if st == "failed" else None, "t0": _T0, "t1": _T1,
               "fin": _T1 if st in ("completed", "failed", "cancelled", "expired") else None})
             for st in old])
-    upgrade(url)
+    upgrade(url, "0002")
     assert current_revision(url) == "0002"
     with Store(url) as s:
         rows = {r.id: r for r in s.list_batch("b-completed", limit=100)}

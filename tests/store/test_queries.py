@@ -82,6 +82,27 @@ def test_final_before_queued_keeps_the_prompt_and_never_replaces_it(store: Store
     assert (row.status, row.output, row.prompt) == ("completed", "answer", "question")
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_second_submission_of_an_id_keeps_the_first_prompt_and_params(store: Store, batched):
+    """The request_id is the idempotency key: the worker runs the first submission, so a
+    second one with another prompt must not replace what the row says ran."""
+    first = queued_row(InferenceRequest(request_id="twice", prompt="first prompt", batch_id="b1",
+                                        params={"max_tokens": 4}))
+    second = queued_row(InferenceRequest(request_id="twice", prompt="second prompt",
+                                         batch_id="b2", priority=5, params={"max_tokens": 9}))
+    ev = FinalEvent(request_id="twice", text="out", finish_reason="stop", batch_id="b2")
+    rows = [first, second, running_row("twice", worker="w"), second, final_row(ev), second]
+    if batched:
+        store.upsert_requests(rows)
+    else:
+        for row in rows:
+            store.upsert_requests([row])
+    row = store.get_request("twice")
+    assert (row.status, row.output, row.worker) == ("completed", "out", "w")
+    assert (row.prompt, row.params["max_tokens"], row.batch_id, row.priority) == (
+        "first prompt", 4, "b1", 0)
+
+
 def test_batched_mixed_rows_in_one_call(store: Store):
     rows = [{"id": f"m{i}", "status": "queued", "batch_id": "mix", "prompt": f"p{i}"}
             for i in range(1200)]  # spans several INSERT statements

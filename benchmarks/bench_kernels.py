@@ -1,6 +1,6 @@
 """Kernel benchmark: each Triton kernel against the device's peak and a torch baseline.
 
-    python benchmarks/kernels.py [--quick] [--dtype bf16|fp16] [--json out.json] [--plot out.png]
+    python benchmarks/bench_kernels.py [--quick] [--dtype bf16|fp16] [--json out.json] [--plot out.png]
 
 Memory-bound kernels (decode attention, KV write, RMSNorm, rotary, SwiGLU) report achieved
 GB/s of compulsory traffic (each input read once, each output written once); prefill
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", metavar="PATH", help="also save a plot (PNG)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("benchmarks/kernels.py needs a CUDA GPU (none found); nothing measured.")
+        print("benchmarks/bench_kernels.py needs a CUDA GPU (none found); nothing measured.")
         return 0
     torch.manual_seed(0)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16

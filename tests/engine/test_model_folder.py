@@ -1,4 +1,5 @@
-"""`inflight model fetch`: the default model is converted once and reused; --model checks."""
+"""engine.model_folder (`inflight model fetch`): the default model is converted once and
+reused; --model checks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from inflight.model import ensure_default_model, is_hf_folder, resolve_model
+from engine.model_folder import ensure_default_model, is_hf_folder, resolve_model
 from schemas.errors import ModelError
 from schemas.settings import Settings
 

@@ -1,0 +1,105 @@
+"""The FastAPI application: `create_app(settings)`.
+
+    client ─► MetricsMiddleware ─► BodyLimitMiddleware ─► auth (deps) ─► routes
+                                                                          │
+                      store (SQLAlchemy) ◄── polls, owners, keys ─────────┤
+                      producers.Client  ◄── submit, cancel, stream ───────┘
+
+No engine runs here: requests go to Kafka through the same client pipelines use, results
+come from the same store the recorder fills.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from anyio import to_thread
+from fastapi import FastAPI
+
+from api import errors
+from api.auth import KeyCache
+from api.cache import FinalAnswers
+from api.context import ApiContext, StreamSlots, db_slots
+from api.limits import BodyLimitMiddleware
+from api.metrics import ApiMetrics, MetricsMiddleware
+from api.routes import chat, health, requests
+from producers import Client
+from schemas import Settings
+from schemas.errors import ConfigError, InflightError
+from store import Store
+from store.migrate import current_revision, head_revision
+
+log = logging.getLogger("inflight.api")
+
+API_VERSION = "1"
+
+
+def _open_store(settings: Settings) -> Store:
+    # no pre-ping: a poll is one round trip (store/owned.py retries a dead connection once)
+    store = Store.embedded(settings.database_url, pre_ping=False)  # SQLite migrates itself
+    if store.dialect != "sqlite":
+        have, want = current_revision(store.url), head_revision()
+        if have != want:
+            store.close()
+            raise ConfigError(f"the database is at schema revision {have!r}, this API needs "
+                              f"{want!r}: run `inflight db upgrade` first")
+    return store
+
+
+def _warm_producer(client: Client, settings: Settings) -> None:
+    """Fetch the request topics' metadata now, so the first submit does not block on it."""
+    try:
+        for topic in (settings.topic_requests, settings.topic_requests_batch):
+            client.producer.partitions_for(topic)
+    except Exception as exc:  # noqa: BLE001 — the API still serves polls without a broker
+        log.warning("api: Kafka at %s is not reachable yet (%s); submits answer 503 until "
+                    "it is", settings.kafka_bootstrap, exc)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = ApiMetrics(settings.metrics_interval_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = await to_thread.run_sync(_open_store, settings)
+        client = Client(settings, store=store)
+        slots = db_slots(store)
+        keys = KeyCache(store, settings.api_key_cache_s, slots) if settings.api_auth else None
+        if keys is None:
+            log.warning("api: AUTHENTICATION IS OFF (INFLIGHT_API_AUTH=off): anyone who can "
+                        "reach this port can submit, read and cancel every request. Use "
+                        "this only for a local demo.")
+        await to_thread.run_sync(_warm_producer, client, settings)
+        app.state.ctx = ApiContext(settings=settings, store=store, client=client, keys=keys,
+                                   streams=StreamSlots(settings.api_max_streams, metrics),
+                                   metrics=metrics,
+                                   finals=FinalAnswers(settings.api_final_cache_bytes),
+                                   db_slots=slots)
+        try:
+            yield
+        finally:
+            log.info(metrics.summary())
+            with contextlib.suppress(InflightError, Exception):
+                await to_thread.run_sync(client.close)
+            store.close()
+
+    app = FastAPI(title="inflight", version=API_VERSION, lifespan=lifespan, debug=False,
+                  description="Kafka-driven LLM inference: submit and poll requests, stream "
+                              "their tokens, OpenAI-compatible chat completions, files and "
+                              "batches, Anthropic message batches. Every route but /healthz "
+                              "and /metrics needs an API key.")
+    errors.install(app)
+    for module in (health, requests, chat):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimitMiddleware, body_bytes=settings.api_max_body_bytes,
+                       upload_bytes=settings.api_max_upload_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory for `inflight api --workers N` (each worker reads INFLIGHT_*)."""
+    return create_app(Settings())

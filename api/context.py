@@ -1,0 +1,113 @@
+"""What every handler shares in one API process: settings, the store, the producer client,
+the key cache, the stream slots and the counters. Built by `create_app`'s lifespan and
+reached through the dependencies in api/deps.py (no module-level state)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+from anyio import to_thread
+
+from api.auth import KeyCache
+from api.cache import FinalAnswers
+from api.errors import APIError
+from api.metrics import ApiMetrics
+from producers import Client
+from schemas import InferenceRequest, Settings
+from schemas.errors import BrokerError
+from store import Store
+
+PUBLISH_TIMEOUT_S = 30.0
+T = TypeVar("T")
+_END = object()
+
+
+class StreamSlots:
+    """At most `INFLIGHT_API_MAX_STREAMS` open Kafka readers (SSE, waiting chat
+    completions), on threads of their own: a crowd of streams never takes the threads that
+    polls and submits need. A full house answers 503 with Retry-After."""
+
+    def __init__(self, limit: int, metrics: ApiMetrics):
+        self.limit = limit
+        self.metrics = metrics
+        self.threads = anyio.CapacityLimiter(limit)
+
+    def acquire(self) -> None:
+        if self.metrics.open_streams >= self.limit:
+            raise APIError(503, f"too many open streams on this server ({self.limit}, setting "
+                                "INFLIGHT_API_MAX_STREAMS); retry shortly or poll "
+                                "GET /v1/requests/{id}", code="overloaded",
+                           headers={"Retry-After": "2"})
+        self.metrics.open_streams += 1
+        self.metrics.inc("streams_opened")
+
+    def release(self) -> None:
+        self.metrics.open_streams -= 1
+
+    async def iterate(self, events: Iterator[Any]) -> AsyncIterator[Any]:
+        """A blocking iterator (Client.stream) as an async one, on the stream threads.
+        Closing it early (client gone) closes the Kafka reader too."""
+        def step() -> Any:
+            return next(events, _END)
+
+        try:
+            while True:
+                item = await to_thread.run_sync(step, limiter=self.threads)
+                if item is _END:
+                    return
+                yield item
+        finally:
+            with anyio.CancelScope(shield=True):
+                close = getattr(events, "close", None)
+                if close is not None:
+                    await to_thread.run_sync(close, limiter=self.threads)
+
+
+def db_slots(store: Store) -> anyio.CapacityLimiter:
+    """As many database threads as the store's pool keeps connections.
+
+    NOTE: more threads than pooled connections make SQLAlchemy open "overflow" connections
+    and close them again on return: a new Postgres backend per request under load."""
+    size = getattr(store.engine.pool, "size", None)
+    return anyio.CapacityLimiter(size() if callable(size) else 5)
+
+
+@dataclass
+class ApiContext:
+    settings: Settings
+    store: Store
+    client: Client
+    keys: KeyCache | None          # None = INFLIGHT_API_AUTH=off
+    streams: StreamSlots
+    metrics: ApiMetrics
+    finals: FinalAnswers
+    db_slots: anyio.CapacityLimiter
+
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking store call on one of the database threads."""
+        return await to_thread.run_sync(fn, *args, limiter=self.db_slots)
+
+    async def publish(self, req: InferenceRequest) -> None:
+        """Send one request and wait until Kafka acknowledged it (BrokerError otherwise)."""
+        future = await to_thread.run_sync(self.client.send, req)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if not done.done():
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(BrokerError(f"publishing {req.request_id} failed: {error}"))
+
+        future.add_callback(lambda _meta: loop.call_soon_threadsafe(settle, None))
+        future.add_errback(lambda exc: loop.call_soon_threadsafe(settle, exc))
+        try:
+            await asyncio.wait_for(done, PUBLISH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise BrokerError(f"the broker did not acknowledge {req.request_id} within "
+                              f"{PUBLISH_TIMEOUT_S:.0f}s") from None

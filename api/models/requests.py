@@ -1,0 +1,121 @@
+"""HTTP shapes of single requests: the body of POST /v1/requests and the request object
+that POST, GET and DELETE answer with."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+
+from schemas import ChatMessage, InferenceRequest, SamplingParams
+from schemas.base import ID_PATTERN
+from schemas.codec import schema_error
+from schemas.params import TokenId
+from schemas.requests import MAX_MESSAGES, MAX_METADATA_KEYS, PRIORITY_MAX, PRIORITY_MIN
+
+RequestStatus = Literal["queued", "running", "completed", "failed", "cancelled", "expired"]
+RequestId = Annotated[str, Field(pattern=ID_PATTERN, max_length=128,
+                                 description="letters, digits and . _ : -, starting with a "
+                                             "letter or digit; at most 128 characters")]
+
+
+class SubmitRequest(BaseModel):
+    """One inference request. Give exactly one of `prompt`, `messages`, `prompt_token_ids`.
+
+    `request_id` is the idempotency key: sending the same id again returns the first
+    request and runs nothing new. Priority: lower is more urgent (0 interactive; 10 and
+    above go to the batch topic)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    request_id: RequestId | None = None
+    prompt: Annotated[str, Field(min_length=1)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
+    prompt_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    params: SamplingParams | None = None
+    priority: int = Field(default=0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
+    metadata: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)], JsonValue],
+                        Field(max_length=MAX_METADATA_KEYS)] | None = None
+    stream: bool | None = Field(default=None, description="publish token deltas (for GET "
+                                ".../events); default: on below priority 10, off above")
+
+    def to_wire(self, request_id: str, max_prompt_chars: int) -> InferenceRequest:
+        """The wire request (raises SchemaError naming the field, e.g. two inputs given)."""
+        fields: dict[str, Any] = {"request_id": request_id, "priority": self.priority}
+        for name in ("prompt", "messages", "prompt_token_ids", "params", "metadata", "stream"):
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = value
+        try:
+            return InferenceRequest.model_validate(
+                fields, context={"max_prompt_chars": max_prompt_chars})
+        except ValidationError as exc:
+            raise schema_error(exc, raw=None, request_id=request_id,
+                               model=InferenceRequest) from None
+
+
+class UsageOut(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ErrorOut(BaseModel):
+    code: str | None
+    message: str
+
+
+class RequestObject(BaseModel):
+    """A request as the store knows it. Times are epoch seconds."""
+
+    id: str
+    object: Literal["request"] = "request"
+    status: RequestStatus
+    created_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    batch_id: str | None = None
+    priority: int | None = None
+    text: str | None = None
+    token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    usage: UsageOut | None = None
+    timings: dict[str, float | None] | None = None
+    error: ErrorOut | None = None
+    worker: str | None = None
+    attempts: int = 0
+
+
+def _epoch(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def request_object(row: Any) -> dict[str, Any]:
+    """A store row (anything with the `requests` column attributes) -> RequestObject fields,
+    as a plain dict ready for JSON."""
+    usage = row.usage
+    if usage is not None:
+        usage = {"prompt_tokens": usage.get("prompt_tokens", 0),
+                 "completion_tokens": usage.get("completion_tokens", 0),
+                 "cached_prompt_tokens": usage.get("cached_prompt_tokens", 0),
+                 "total_tokens": usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)}
+    error = None
+    if row.error is not None or row.error_code is not None:
+        error = {"code": row.error_code, "message": row.error or ""}
+    return {"id": row.id, "object": "request", "status": row.status,
+            "created_at": _epoch(row.created_at), "started_at": _epoch(row.started_at),
+            "finished_at": _epoch(row.finished_at), "batch_id": row.batch_id,
+            "priority": row.priority, "text": row.output, "token_ids": row.output_token_ids,
+            "finish_reason": row.finish_reason, "usage": usage, "timings": row.timings,
+            "error": error, "worker": row.worker, "attempts": row.attempts or 0}
+
+
+def queued_object(req: InferenceRequest) -> dict[str, Any]:
+    """The request object of a request just filed (what POST answers, without re-reading)."""
+    return {"id": req.request_id, "object": "request", "status": "queued",
+            "created_at": req.submitted_at, "started_at": None, "finished_at": None,
+            "batch_id": req.batch_id, "priority": req.priority, "text": None,
+            "token_ids": None, "finish_reason": None, "usage": None, "timings": None,
+            "error": None, "worker": None, "attempts": 0}

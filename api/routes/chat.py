@@ -1,0 +1,162 @@
+"""POST /v1/chat/completions through the queue, so OpenAI chat clients work unchanged.
+
+The request is filed and published like POST /v1/requests (interactive priority), then
+the handler reads its events from the results topics (Client.stream) and answers:
+- `stream: false`: one chat.completion once the final event arrives;
+- `stream: true`: chat.completion.chunk events as token deltas arrive, then `[DONE]`.
+The first event is awaited before answering, so bad input (a prompt over the model's
+context, say) is still an HTTP 400, not a broken stream. A streaming client that goes
+away cancels its request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import orjson
+from anyio import to_thread
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from api.context import ApiContext
+from api.deps import Caller, Ctx
+from api.errors import APIError
+from api.models.chat import (ChatCompletion, ChatCompletionRequest, chunk, completion,
+                             finish_of, usage_of)
+from api.responses import json_response
+from api.sse import sse
+from producers import RequestNotFound
+from schemas import ErrorEvent, FinalEvent, TokenEvent
+from schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
+                            ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG)
+from store import queued_row
+from store.owned import claim_request, release_request
+
+router = APIRouter(tags=["chat"])
+
+DEFAULT_MODEL = "inflight"
+_CLIENT_ERRORS = {ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG}
+
+
+def error_status(event: ErrorEvent) -> APIError:
+    """An ErrorEvent as the HTTP error a chat client should get."""
+    if event.code in _CLIENT_ERRORS:
+        return APIError(400, event.message, param=event.field, code=event.code)
+    if event.code in (ERR_CANCELLED, ERR_EXPIRED):
+        return APIError(409, f"the request was {event.code}: {event.message}", code=event.code)
+    return APIError(500, f"the worker could not run this request ({event.code}): "
+                         f"{event.message}", code=event.code)
+
+
+def _timeout(ctx: ApiContext, exc: Exception) -> APIError:
+    return APIError(504, f"no answer within {ctx.settings.api_wait_timeout_s:.0f}s "
+                         f"(INFLIGHT_API_WAIT_TIMEOUT_S); is a worker running? ({exc})",
+                    code="timeout")
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletion,
+             responses={200: {"content": {"text/event-stream": {}},
+                              "description": "with stream=true: chat.completion.chunk events"}},
+             summary="OpenAI-compatible chat completion (through the queue)")
+async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller) -> Any:
+    rid = uuid.uuid4().hex
+    req = body.to_wire(rid, ctx.settings.max_prompt_chars, ctx.settings.kafka_max_message_bytes)
+    model = body.model or DEFAULT_MODEL
+    existing = await ctx.db(claim_request, ctx.store, queued_row(req), caller.owner)
+    if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
+        raise APIError(500, "request id collision; retry")
+    try:
+        await ctx.publish(req)
+    except BaseException:
+        await ctx.db(release_request, ctx.store, rid, caller.owner)
+        raise
+    ctx.metrics.inc("chat_completions")
+    ctx.streams.acquire()
+    events = ctx.streams.iterate(ctx.client.stream(rid, timeout=ctx.settings.api_wait_timeout_s,
+                                                   since=req.submitted_at))
+    try:
+        first = await _next(ctx, events)
+        if isinstance(first, ErrorEvent):
+            raise error_status(first)
+        if not body.stream:
+            final = first
+            while not isinstance(final, (FinalEvent, ErrorEvent)):
+                final = await _next(ctx, events)
+            if isinstance(final, ErrorEvent):
+                raise error_status(final)
+            return json_response(completion(rid, model, final))
+    except BaseException:
+        ctx.streams.release()
+        with anyio.CancelScope(shield=True):
+            await events.aclose()
+        raise
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return StreamingResponse(_chunks(ctx, rid, model, first, events, include_usage),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _next(ctx: ApiContext, events: AsyncIterator[Any]) -> Any:
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration:
+        raise APIError(502, "the event stream ended without a final event") from None
+    except RequestNotFound as exc:
+        raise _timeout(ctx, exc) from None
+
+
+async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any,
+                  events: AsyncIterator[Any], include_usage: bool) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    finished = False
+
+    def data(body: dict[str, Any]) -> bytes:
+        return sse(None, orjson.dumps(body))
+
+    try:
+        yield data(chunk(rid, model, created, {"role": "assistant", "content": ""},
+                         with_usage=include_usage))
+        event = first
+        while True:
+            if isinstance(event, TokenEvent):
+                if event.text:
+                    yield data(chunk(rid, model, created, {"content": event.text},
+                                     with_usage=include_usage))
+            elif isinstance(event, FinalEvent):
+                finished = True
+                yield data(chunk(rid, model, created, {}, finish_of(event.finish_reason),
+                                 with_usage=include_usage))
+                if include_usage:
+                    yield data(chunk(rid, model, created, None, usage=usage_of(event.usage),
+                                     with_usage=True))
+                break
+            elif isinstance(event, ErrorEvent):
+                finished = True
+                err = error_status(event)
+                yield data({"error": {"message": err.message, "type": "server_error"
+                                      if err.status >= 500 else "invalid_request_error",
+                                      "param": err.param, "code": err.code}})
+                break
+            try:
+                event = await events.__anext__()
+            except StopAsyncIteration:
+                break
+            except RequestNotFound as exc:
+                err = _timeout(ctx, exc)
+                yield data({"error": {"message": err.message, "type": "timeout_error",
+                                      "param": None, "code": err.code}})
+                break
+        yield b"data: [DONE]\n\n"
+    finally:
+        ctx.streams.release()
+        with anyio.CancelScope(shield=True):  # cleanup runs even when the client left
+            with contextlib.suppress(Exception):
+                await events.aclose()
+            if not finished:  # the client went away mid-answer: stop generating for nobody
+                with contextlib.suppress(Exception):
+                    await to_thread.run_sync(ctx.client.cancel, rid)

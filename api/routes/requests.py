@@ -1,0 +1,132 @@
+"""Single requests: submit, poll, stream, cancel.
+
+    POST   /v1/requests              -> 202 request object (status "queued")
+    GET    /v1/requests/{id}         -> request object; 404 unknown (or another key's)
+    GET    /v1/requests/{id}/events  -> Server-Sent Events: token deltas, then the final
+    DELETE /v1/requests/{id}         -> 202 cancel sent (200 if it had already finished)
+
+Submitting inserts the `queued` row (filed under the caller) before publishing, so a poll
+right after the 202 finds it; if the broker then fails, the row is removed and the client
+gets a 503 it may retry with the same request_id. A repeat of an accepted request_id
+answers the first request's state and publishes nothing (the first body is what runs).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import orjson
+from anyio import to_thread
+from fastapi import APIRouter, Path
+from fastapi.responses import Response, StreamingResponse
+
+from api.deps import Caller, Ctx, owns
+from api.errors import APIError, not_found
+from api.models.requests import RequestObject, SubmitRequest, queued_object, request_object
+from api.responses import json_response
+from api.sse import sse, stored_final_event
+from producers import RequestNotFound
+from schemas.errors import InflightError
+from store import FINAL_STATUSES, queued_row
+from store.owned import claim_request, release_request, request_view
+
+router = APIRouter(prefix="/v1/requests", tags=["requests"])
+PathId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
+                             description="the request_id")]
+
+
+@router.post("", status_code=202, response_model=RequestObject,
+             summary="Submit one inference request")
+async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
+    rid = body.request_id or uuid.uuid4().hex
+    req = body.to_wire(rid, ctx.settings.max_prompt_chars)
+    existing = await ctx.db(claim_request, ctx.store, queued_row(req), caller.owner)
+    if existing is not None:
+        if caller.owner != existing.owner:  # another key's id (or a Kafka-only one)
+            raise APIError(409, f"request_id {rid!r} is already in use; choose another",
+                           param="request_id", code="request_id_conflict")
+        ctx.metrics.inc("duplicates")  # the first one is what runs; nothing is sent again
+        return json_response(request_object(existing), 202)
+    try:
+        await ctx.publish(req)
+    except BaseException:
+        await ctx.db(release_request, ctx.store, rid, caller.owner)
+        raise
+    ctx.metrics.inc("submitted")
+    return json_response(queued_object(req), 202)
+
+
+async def _owned_row(ctx: Ctx, caller: Caller, request_id: str) -> Any:
+    row = await ctx.db(request_view, ctx.store, request_id)
+    if row is None or not owns(caller, row.owner):
+        raise not_found("request", request_id)
+    return row
+
+
+@router.get("/{request_id}", response_model=RequestObject, summary="Poll a request by id")
+async def get_request(request_id: PathId, ctx: Ctx, caller: Caller) -> Response:
+    cached = ctx.finals.get(request_id)
+    if cached is not None:
+        if not owns(caller, cached[0]):
+            raise not_found("request", request_id)
+        return json_response(cached[1])
+    row = await _owned_row(ctx, caller, request_id)
+    body = orjson.dumps(request_object(row))
+    if row.status in FINAL_STATUSES:
+        ctx.finals.put(request_id, row.owner, body)
+    return json_response(body)
+
+
+@router.delete("/{request_id}", response_model=RequestObject, status_code=202,
+               responses={200: {"model": RequestObject, "description": "already finished"}},
+               summary="Cancel a request")
+async def cancel_request(request_id: PathId, ctx: Ctx, caller: Caller) -> Response:
+    row = await _owned_row(ctx, caller, request_id)
+    if row.status in FINAL_STATUSES:
+        return json_response(request_object(row), 200)
+    await to_thread.run_sync(ctx.client.cancel, request_id)
+    ctx.metrics.inc("cancels")
+    return json_response(request_object(row), 202)
+
+
+@router.get("/{request_id}/events", summary="Stream a request's events (SSE)",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}},
+                             "description": "`event: token` deltas, then one `event: final` "
+                                            "or `event: error`; data is the event's JSON"}})
+async def request_events(request_id: PathId, ctx: Ctx, caller: Caller) -> StreamingResponse:
+    row = await _owned_row(ctx, caller, request_id)
+    if row.status in FINAL_STATUSES:
+        # finished: the store has the whole answer (Kafka may have dropped the events)
+        return StreamingResponse(_one(stored_final_event(row)), media_type="text/event-stream",
+                                 headers=_SSE_HEADERS)
+    ctx.streams.acquire()
+    since = row.created_at.timestamp() if row.created_at is not None else None
+    return StreamingResponse(_events(ctx, request_id, since), media_type="text/event-stream",
+                             headers=_SSE_HEADERS)
+
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def _one(event: dict[str, Any]) -> AsyncIterator[bytes]:
+    yield sse(event["type"], orjson.dumps(event))
+
+
+async def _events(ctx: Ctx, request_id: str, since: float | None) -> AsyncIterator[bytes]:
+    try:
+        events = ctx.client.stream(request_id, timeout=ctx.settings.api_wait_timeout_s,
+                                   since=since)
+        try:
+            async for event in ctx.streams.iterate(events):
+                yield sse(event.type, orjson.dumps(event.model_dump(mode="json")))
+        except RequestNotFound as exc:
+            yield sse("error", orjson.dumps({"type": "error", "request_id": request_id,
+                                             "code": "timeout", "message": str(exc)}))
+        except InflightError as exc:
+            yield sse("error", orjson.dumps({"type": "error", "request_id": request_id,
+                                             "code": "unavailable", "message": str(exc)}))
+    finally:
+        ctx.streams.release()

@@ -1,0 +1,120 @@
+"""The engine thread: it only steps the engine.
+
+    inbox (Add / Abort, from the intake) ─► engine.add_request / abort
+    engine.step() ─► the publisher's queue (the step's RequestOutputs, as they are, and
+                     when the step returned)
+    Engine.stats() every STATS_EVERY_S ─► the engine metrics' gauges
+
+No Kafka and no JSON happen on this thread. The inbox is bounded by the intake's in-flight
+limit (it admits at most that many requests); the publisher's queue is bounded, so a
+publisher that falls behind slows the engine instead of filling memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from consumers.handoff import ABORT, ADD, ADD_FAILED, OUTPUTS
+from schemas.errors import InflightError
+
+log = logging.getLogger("inflight.worker")
+
+IDLE_WAIT_S = 0.05  # an idle engine waits this long on its inbox before looking again
+STATS_EVERY_S = 0.05  # Engine.stats() (the engine is not thread-safe: read here) -> metrics
+
+
+class EngineLike(Protocol):
+    def add_request(self, request_id: str, prompt: str | None = None,
+                    prompt_token_ids: list[int] | None = None, params: Any = None,
+                    priority: int = 0, **kw: Any) -> None: ...
+    def step(self) -> list[Any]: ...
+    def abort(self, request_id: str) -> bool: ...
+    def has_unfinished(self) -> bool: ...
+
+
+class EngineLoop:
+    def __init__(self, engine: EngineLike, publish: "queue.Queue[tuple[str, Any]]",
+                 on_stats: Callable[[dict], None] | None = None):
+        self.engine = engine
+        self.on_stats = on_stats if hasattr(engine, "stats") else None
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._publish = publish
+        self._stop = threading.Event()
+        self.steps = 0
+        self.cpu_s = 0.0          # CPU seconds of this thread (what the engine costs the worker)
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    # -- called from other threads ----------------------------------------------------------
+    def add(self, attempt: str, **kwargs: Any) -> None:
+        self.inbox.put((ADD, (attempt, kwargs)))
+
+    def abort(self, attempt: str) -> None:
+        self.inbox.put((ABORT, attempt))
+
+    def start(self) -> "EngineLoop":
+        self.thread = threading.Thread(target=self.run, name="engine", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Finish what the engine holds (aborted requests end at their next step), then exit."""
+        self._stop.set()
+        self.inbox.put(None)
+
+    def join(self, timeout: float | None = None) -> bool:
+        if self.thread is not None:
+            self.thread.join(timeout)
+            return not self.thread.is_alive()
+        return True
+
+    # -- the thread -----------------------------------------------------------------------
+    def run(self) -> None:
+        engine, inbox, publish = self.engine, self.inbox, self._publish
+        cpu0 = time.thread_time()
+        next_stats = 0.0
+        try:
+            while True:
+                if self.on_stats is not None and time.monotonic() >= next_stats:
+                    next_stats = time.monotonic() + STATS_EVERY_S
+                    self.on_stats(engine.stats())
+                busy = engine.has_unfinished()
+                if not busy and self._stop.is_set():
+                    return
+                # NOTE: a busy engine never waits for commands; an idle one sleeps on its inbox.
+                try:
+                    cmd = inbox.get_nowait() if busy else inbox.get(timeout=IDLE_WAIT_S)
+                except queue.Empty:
+                    cmd = None
+                while cmd is not None:
+                    self._apply(cmd)
+                    try:
+                        cmd = inbox.get_nowait()
+                    except queue.Empty:
+                        cmd = None
+                if engine.has_unfinished():
+                    outputs = engine.step()
+                    self.steps += 1
+                    if outputs:
+                        publish.put((OUTPUTS, (outputs, time.time())))
+        except BaseException as exc:  # noqa: BLE001 - reported to the worker, which stops
+            log.exception("the engine loop failed; the worker stops")
+            self.error = exc
+        finally:
+            self.cpu_s = time.thread_time() - cpu0
+
+    def _apply(self, cmd: tuple[str, Any]) -> None:
+        kind, payload = cmd
+        if kind == ADD:
+            attempt, kwargs = payload
+            try:
+                self.engine.add_request(attempt, **kwargs)
+            except InflightError as exc:
+                self._publish.put((ADD_FAILED, (attempt, str(exc))))
+        elif kind == ABORT:
+            self.engine.abort(payload)

@@ -1,0 +1,65 @@
+"""Our own result events as bytes, built straight from plain values with orjson.
+
+NOTE: no pydantic here: this is the hot path (one token delta per streaming request per
+flush). The shapes are exactly schemas.events' (tests/consumers/test_event_bytes.py decodes
+every builder's output with `schemas.decode_result` and compares it to the model), so
+readers validate them as usual. Inputs come from the engine and from already-validated
+requests, so they need no checking of their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from schemas.base import SCHEMA_VERSION
+
+
+def token_event(request_id: str, attempt: str, index: int, start: int, token_ids: list[int],
+                text: str) -> bytes:
+    return orjson.dumps({"type": "token", "schema_version": SCHEMA_VERSION,
+                         "request_id": request_id, "attempt": attempt, "index": index,
+                         "start": start, "token_ids": token_ids, "text": text})
+
+
+def status_event(request_id: str, attempt: str, worker: str, at: float) -> bytes:
+    return orjson.dumps({"type": "status", "schema_version": SCHEMA_VERSION,
+                         "request_id": request_id, "attempt": attempt, "status": "running",
+                         "worker": worker, "at": at})
+
+
+def final_event(request_id: str, attempt: str, out: Any, *, worker: str,
+                batch_id: str | None, submitted_at: float | None, queued_at: float) -> bytes:
+    """The FinalEvent of a finished engine output (`out`: engine RequestOutput)."""
+    prompt = out.num_prompt_tokens
+    return orjson.dumps({
+        "type": "final", "schema_version": SCHEMA_VERSION, "request_id": request_id,
+        "attempt": attempt, "text": out.text, "token_ids": out.token_ids,
+        "finish_reason": out.finish_reason,
+        "usage": {"prompt_tokens": prompt, "completion_tokens": len(out.token_ids),
+                  "cached_prompt_tokens": min(out.num_cached_tokens, prompt)},
+        "timings": {"submitted_at": submitted_at, "queued_at": queued_at,
+                    "scheduled_at": None, "first_token_at": out.first_token_time,
+                    "finished_at": out.finish_time},
+        "worker": worker, "batch_id": batch_id})
+
+
+def abort_event(request_id: str, attempt: str, *, worker: str, batch_id: str | None,
+                submitted_at: float | None, queued_at: float, now: float) -> bytes:
+    """The FinalEvent of a request cancelled before it ran."""
+    return orjson.dumps({
+        "type": "final", "schema_version": SCHEMA_VERSION, "request_id": request_id,
+        "attempt": attempt, "text": "", "token_ids": [], "finish_reason": "abort",
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cached_prompt_tokens": 0},
+        "timings": {"submitted_at": submitted_at, "queued_at": queued_at, "scheduled_at": None,
+                    "first_token_at": None, "finished_at": now},
+        "worker": worker, "batch_id": batch_id})
+
+
+def error_event(request_id: str | None, attempt: str | None, code: str, message: str, *,
+                field: str | None, worker: str, batch_id: str | None) -> bytes:
+    return orjson.dumps({"type": "error", "schema_version": SCHEMA_VERSION,
+                         "request_id": request_id, "attempt": attempt, "code": code,
+                         "message": message, "field": field, "final": True, "worker": worker,
+                         "batch_id": batch_id})

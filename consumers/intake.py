@@ -1,0 +1,405 @@
+"""The intake thread: it owns the group consumer (kafka-python's consumer is not
+thread-safe: poll, pause/resume, seek and commit all happen here, and nowhere else).
+
+    poll ─► decode/validate ─► admit (publisher: Admitted; engine loop: Add)
+      │       └─ bad input ─► publisher: Rejected (error final + DLQ copy)
+      ├─ pause every partition at the in-flight limit; the batch topic while interactive
+      │  traffic keeps coming; everything while draining (still polling: see drain())
+      ├─ settled tickets (from the publisher) ─► watermark ─► commit on a timer
+      └─ rebalances: forget revoked offsets; hand back work whose partition moved
+
+NOTE (watermark): a ticket is settled only when Kafka acknowledged every message of its
+ending (final event, DLQ copy). Its offsets -- the first copy and any redelivered
+duplicate, which attaches to the running job instead of being marked done -- are marked
+done only then, so no commit ever passes a request whose final is unacknowledged, across
+rebalances too: a revoke drops the job's offsets of those partitions (the tracker forgets
+them), and a redelivery after the partition comes back attaches again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kafka import TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import CommitFailedError, KafkaError
+from kafka.structs import OffsetAndMetadata
+
+from consumers.cancel import CancelListener
+from consumers.engine_bridge import engine_params
+from consumers.engine_loop import EngineLoop
+from consumers.engine_metrics import EngineMetrics
+from consumers.handoff import (ABORTED, ACKED, ADMIT, FINISHED, HAND_BACK, REJECT, Aborted,
+                               Admitted, Rejected)
+from consumers.kafka_io import LRUSet, group_consumer
+from consumers.metrics import Metrics
+from consumers.offsets import OffsetTracker
+from schemas import ERR_INVALID_REQUEST, SchemaError, Settings, decode_request
+from schemas.base import ID_RE
+from schemas.errors import InflightError
+
+log = logging.getLogger("inflight.worker")
+
+COMMIT_EVERY_S = 0.25
+CANCELS_EVERY_S = 0.1
+POLL_WAIT_MS = 50        # with room: how long a poll may wait for records
+SETTLE_WAIT_S = 0.05     # full (or draining): how long to wait for a settled ticket
+MAX_ENDINGS_FACTOR = 2   # jobs held in all (running + awaiting acks) <= this x max_inflight
+RECENT_IDS = 100_000     # finished request ids remembered to skip duplicates
+
+
+@dataclass(slots=True)
+class Job:
+    """What the intake remembers of one ticket until it is settled or dropped."""
+
+    ticket: int
+    request_id: str | None
+    attempt: str | None                     # None: nothing runs in the engine for it
+    home: TopicPartition                    # where it was first read
+    sources: list[tuple[TopicPartition, int]]  # offsets its ending settles
+    running: bool = False                   # in the engine (counts against the limit)
+    handed_back: bool = False
+
+
+def key_request_id(key: bytes | None) -> str | None:
+    """A record key that is a well-formed request id (the fallback for unparsable bodies)."""
+    if not key:
+        return None
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if ID_RE.match(text) else None
+
+
+class Intake:
+    def __init__(self, settings: Settings, engine: EngineLoop, publish: queue.Queue,
+                 settled: queue.SimpleQueue, *, attempt_prefix: str, max_inflight: int,
+                 metrics: Metrics, engine_metrics: EngineMetrics | None = None):
+        self.settings = settings
+        self.engine = engine
+        self.publish = publish
+        self.settled = settled
+        self.attempt_prefix = attempt_prefix
+        self.max_inflight = max_inflight
+        self.metrics = metrics
+        self.engine_metrics = engine_metrics
+        # NOTE: `running` (jobs in the engine) is what the in-flight limit bounds; endings
+        # waiting for their acks are bounded apart, by as many again (MAX_ENDINGS_FACTOR).
+        self.jobs: dict[int, Job] = {}
+        self.running = 0
+        self.by_id: dict[str, Job] = {}      # admitted request ids still running or unacked
+        self.tracker = OffsetTracker()
+        self.owned: set[TopicPartition] = set()  # partitions assigned, as the listener says
+        self.recent = LRUSet(RECENT_IDS)
+        self.cancelled = LRUSet(10_000)
+        self.max_seen_inflight = 0
+        self.draining = False
+        self.consumer: Any = None
+        self.cancels: CancelListener | None = None
+        self._tickets = itertools.count(1)
+        self._rebalances: queue.SimpleQueue = queue.SimpleQueue()
+        self._interactive_busy = False
+        self._last_commit = 0.0
+        self._next_cancels = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def open(self) -> "Intake":
+        s = self.settings
+        self.consumer = group_consumer(s, s.worker_group, max_poll_records=self.max_inflight)
+        self.consumer.subscribe([s.topic_requests, s.topic_requests_batch],
+                                listener=_Rebalance(self._rebalances))
+        self.cancels = CancelListener(s)  # from now - INFLIGHT_CANCEL_LOOKBACK_S
+        return self
+
+    def close(self) -> None:
+        for closer in (self.cancels, self.consumer):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception:  # noqa: BLE001 - closing must not mask the real error
+                    log.exception("closing %s failed", type(closer).__name__)
+        self.cancels = self.consumer = None
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in the engine (what INFLIGHT_WORKER_MAX_INFLIGHT bounds)."""
+        return self.running
+
+    @property
+    def room(self) -> int:
+        return min(self.max_inflight - self.running,
+                   MAX_ENDINGS_FACTOR * self.max_inflight - len(self.jobs))
+
+    # -- one round --------------------------------------------------------------------------
+    def run_once(self) -> None:
+        self._handle_rebalances()
+        self._drain_settled()
+        now = time.monotonic()
+        if now >= self._next_cancels:
+            self._next_cancels = now + CANCELS_EVERY_S
+            for rid in self.cancels.poll():
+                self._cancel(rid)
+        room = self.room
+        closed = room <= 0 or self.draining
+        self._apply_pause(closed)
+        if closed:
+            # Nothing may be admitted: wait for a settle, then poll without waiting so the
+            # consumer still heartbeats and takes part in rebalances.
+            self._wait_settled(SETTLE_WAIT_S)
+            records = self.consumer.poll(timeout_ms=0, max_records=1)
+        else:
+            records = self.consumer.poll(timeout_ms=POLL_WAIT_MS, max_records=room)
+        self._handle_rebalances()
+        if closed:
+            if records:  # from a partition assigned during this poll, before it was paused
+                self._put_back(records)
+        else:
+            self._receive_all(records)
+        if time.monotonic() - self._last_commit >= COMMIT_EVERY_S:
+            self.commit()
+        self.metrics.set("in_flight", self.running)
+        self.metrics.set("commit_lag", self.tracker.lag)
+        self.metrics.maybe_log()
+
+    def _apply_pause(self, closed: bool) -> None:
+        """Pause everything at the limit or while draining (`closed`); pause the batch topic
+        while interactive work keeps coming (batch requests only take spare capacity)."""
+        assigned = self.consumer.assignment()
+        if closed:
+            want = set(assigned)
+        elif self._interactive_busy:
+            want = {tp for tp in assigned if tp.topic != self.settings.topic_requests}
+        else:
+            want = set()
+        paused = self.consumer.paused()
+        if want - paused:
+            self.consumer.pause(*(want - paused))
+        if paused - want:
+            self.consumer.resume(*(paused - want))
+        self.metrics.set("paused_partitions", len(want))
+
+    # -- records ----------------------------------------------------------------------------
+    def _receive_all(self, records: dict) -> None:
+        interactive = False
+        now = time.time()
+        for tp, recs in records.items():
+            interactive |= tp.topic == self.settings.topic_requests
+            for rec in recs:
+                self._receive(tp, rec, now)
+        self._interactive_busy = interactive
+        self.max_seen_inflight = max(self.max_seen_inflight, self.running)
+
+    def _put_back(self, records: dict) -> None:
+        """Records that may not be admitted now: read them again from the first one (a
+        later commit can never pass them: they are not in the watermark)."""
+        for tp, recs in records.items():
+            self.consumer.seek(tp, recs[0].offset)
+
+    def _receive(self, tp: TopicPartition, rec: Any, now: float) -> None:
+        self.metrics.inc("received")
+        self.tracker.add(tp, rec.offset)
+        s = self.settings
+        try:
+            req = decode_request(rec.value, max_bytes=s.kafka_max_message_bytes,
+                                 max_prompt_chars=s.max_prompt_chars)
+        except SchemaError as exc:
+            rid = exc.request_id or key_request_id(rec.key)
+            self._reject(tp, rec, rid, exc.code, exc.message, exc.field, None)
+            return
+        rid = req.request_id
+        job = self.by_id.get(rid)
+        if job is not None or rid in self.recent:
+            # Same id again: one run. A running (or unacknowledged) twin settles this
+            # offset too, when its own final is acknowledged.
+            self.metrics.inc("duplicates")
+            if job is not None:
+                job.sources.append((tp, rec.offset))
+            else:
+                self.tracker.done(tp, rec.offset)
+            return
+        ticket = next(self._tickets)
+        attempt = f"{self.attempt_prefix}.{ticket}"
+        if rid in self.cancelled:
+            self._add_job(Job(ticket, rid, None, tp, [(tp, rec.offset)]))
+            self.publish.put((ABORTED, Aborted(ticket, rid, attempt, req.batch_id,
+                                               req.submitted_at, now)))
+            return
+        try:
+            params = engine_params(req)
+        except InflightError as exc:
+            self._reject(tp, rec, rid, ERR_INVALID_REQUEST, str(exc), "params", req.batch_id)
+            return
+        messages = ([m.model_dump(mode="json", exclude_none=True) for m in req.messages]
+                    if req.messages is not None else None)
+        self._add_job(Job(ticket, rid, attempt, tp, [(tp, rec.offset)], running=True))
+        self.running += 1
+        # NOTE: the publisher hears of the attempt before the engine can produce output for it.
+        self.publish.put((ADMIT, Admitted(
+            ticket, rid, attempt, req.wants_stream, req.batch_id, req.submitted_at, now,
+            _source(tp, rec.offset), raw=rec.value, headers=list(rec.headers or []),
+            key=rec.key)))
+        self.engine.add(attempt, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
+                        params=params, priority=req.priority, messages=messages,
+                        arrival_time=now)
+        self.metrics.inc("admitted")
+        if self.engine_metrics is not None:
+            self.engine_metrics.observe_queue_time(now - req.submitted_at)
+
+    def _add_job(self, job: Job) -> None:
+        self.jobs[job.ticket] = job
+        if job.request_id is not None:
+            self.by_id[job.request_id] = job
+
+    def _reject(self, tp: TopicPartition, rec: Any, rid: str | None, code: str, message: str,
+                field: str | None, batch_id: str | None) -> None:
+        ticket = next(self._tickets)
+        self.jobs[ticket] = Job(ticket, rid, None, tp, [(tp, rec.offset)])
+        self.publish.put((REJECT, Rejected(
+            ticket, rid, code, message, field, batch_id, _source(tp, rec.offset),
+            raw=rec.value if rec.value is not None else b"", headers=list(rec.headers or []),
+            key=rec.key)))
+
+    # -- cancels ----------------------------------------------------------------------------
+    def _cancel(self, rid: str) -> None:
+        self.cancelled.add(rid)
+        job = self.by_id.get(rid)
+        if job is not None and job.attempt is not None:
+            self.engine.abort(job.attempt)
+            log.info("cancelled %s", rid)
+
+    # -- settling and commits ---------------------------------------------------------------
+    def _wait_settled(self, timeout: float) -> None:
+        try:
+            first = self.settled.get(timeout=timeout)
+        except queue.Empty:
+            return
+        self._settle(*first)
+        self._drain_settled()
+
+    def _drain_settled(self) -> None:
+        while True:
+            try:
+                ticket, state = self.settled.get_nowait()
+            except queue.Empty:
+                return
+            self._settle(ticket, state)
+
+    def _settle(self, ticket: int, state: str) -> None:
+        """FINISHED: out of the engine; ACKED: its ending is acknowledged, so its offsets
+        are done; DROPPED: handed back, ended without publishing anything."""
+        job = self.jobs.get(ticket)
+        if job is None:
+            return
+        if job.running:
+            job.running = False
+            self.running -= 1
+        if state == FINISHED:
+            return
+        del self.jobs[ticket]
+        if self.by_id.get(job.request_id) is job:
+            del self.by_id[job.request_id]
+        if state == ACKED:
+            for tp, offset in job.sources:
+                self.tracker.done(tp, offset)
+            if job.request_id is not None:
+                self.recent.add(job.request_id)
+
+    def commit(self) -> None:
+        """Commit each owned partition's watermark (a no-op when it has not moved)."""
+        self._last_commit = time.monotonic()
+        self._handle_rebalances()
+        assigned = self.consumer.assignment()
+        offsets = {tp: off for tp, off in self.tracker.to_commit().items() if tp in assigned}
+        if not offsets:
+            return
+        try:
+            self.consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
+        except (CommitFailedError, KafkaError) as exc:
+            log.warning("commit failed (%s); the watermark is committed again later", exc)
+            return
+        self.tracker.mark_committed(offsets)
+        self.metrics.inc("commits")
+
+    # -- rebalances and hand-backs ----------------------------------------------------------
+    def _handle_rebalances(self) -> None:
+        """Apply the listener's events in order. `owned` follows them (eager: all revoked,
+        then the whole new set assigned; cooperative: what was lost, then what was added)."""
+        assigned = False
+        while True:
+            try:
+                kind, tps = self._rebalances.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "revoked":
+                self.metrics.inc("rebalances")
+                self.owned -= tps
+                self.tracker.forget(tps)
+                for job in self.jobs.values():
+                    if job.sources:
+                        job.sources = [src for src in job.sources if src[0] not in tps]
+            else:
+                self.owned |= tps
+                assigned = True
+        if assigned:
+            self._release_orphans()
+
+    def _release_orphans(self) -> None:
+        """After an assignment: running work whose partition went to another worker is
+        handed back (that worker redoes it); work whose partition came back to us keeps
+        running and waits for its redelivery to attach (see _receive)."""
+        for job in list(self.jobs.values()):
+            if not job.sources and job.home not in self.owned and not job.handed_back:
+                self.hand_back(job)
+
+    def hand_back(self, job: Job) -> None:
+        """Stop running `job` and publish nothing more for it. An ending already sent still
+        settles its offsets when acknowledged; one not sent never will (redone elsewhere)."""
+        job.handed_back = True
+        if self.by_id.get(job.request_id) is job:
+            del self.by_id[job.request_id]
+        if job.attempt is None:
+            return
+        self.publish.put((HAND_BACK, job.attempt))
+        self.engine.abort(job.attempt)
+        self.metrics.inc("handed_back")
+
+    def drain(self, timeout: float, stopped: Any = lambda: False) -> None:
+        """SIGTERM: admit nothing more and finish what runs, for at most `timeout` seconds;
+        hand back the rest. Keeps polling (every partition paused) throughout, so this
+        worker takes part in rebalances and a replacement joining meanwhile gets
+        partitions at once."""
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        log.info("draining: %d in flight (up to %.0fs)", len(self.jobs), timeout)
+        while self.jobs and time.monotonic() < deadline and not stopped():
+            self.run_once()
+        left = [job for job in self.jobs.values() if not job.handed_back]
+        if left:
+            log.info("handing back %d unfinished request(s)", len(left))
+        for job in left:
+            self.hand_back(job)
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """NOTE: kafka-python 3 calls this on its I/O thread, where the consumer must not be
+    touched: it only queues the change for the intake thread."""
+
+    def __init__(self, events: queue.SimpleQueue):
+        self.events = events
+
+    def on_partitions_revoked(self, revoked) -> None:
+        self.events.put(("revoked", set(revoked)))
+
+    def on_partitions_assigned(self, assigned) -> None:
+        log.info("assigned %s", sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
+        self.events.put(("assigned", set(assigned)))
+
+
+def _source(tp: TopicPartition, offset: int) -> str:
+    return f"{tp.topic}/{tp.partition}/{offset}"

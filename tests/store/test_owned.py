@@ -1,0 +1,37 @@
+"""Owner-scoped request queries of the HTTP API (store/owned.py), on SQLite and Postgres."""
+
+from __future__ import annotations
+
+from schemas import FinalEvent, InferenceRequest
+from store import Store, final_row, queued_row
+from store.owned import claim_request, release_request, request_view
+
+
+def test_claim_inserts_once_and_reports_the_existing_row(store: Store):
+    req = InferenceRequest(request_id="c1", prompt="hello")
+    assert claim_request(store, queued_row(req), "alice") is None
+    again = claim_request(store, queued_row(InferenceRequest(request_id="c1", prompt="other")), "bob")
+    assert again is not None and (again.id, again.owner, again.status) == ("c1", "alice", "queued")
+    assert store.get_request("c1").prompt == "hello"
+
+
+def test_owner_survives_the_recorders_rows(store: Store):
+    req = InferenceRequest(request_id="c2", prompt="hello")
+    claim_request(store, queued_row(req), "alice")
+    store.upsert_requests([queued_row(req)])  # the recorder's copy, without owner
+    store.upsert_requests([final_row(FinalEvent(request_id="c2", text="hi", finish_reason="stop"))])
+    view = request_view(store, "c2")
+    assert (view.owner, view.status, view.output) == ("alice", "completed", "hi")
+    assert request_view(store, "nope") is None
+
+
+def test_release_removes_only_an_unstarted_row_of_its_owner(store: Store):
+    for rid in ("c3", "c4"):
+        claim_request(store, queued_row(InferenceRequest(request_id=rid, prompt="x")), "alice")
+    release_request(store, "c3", "bob")
+    assert request_view(store, "c3") is not None
+    release_request(store, "c3", "alice")
+    assert request_view(store, "c3") is None
+    store.upsert_requests([final_row(FinalEvent(request_id="c4", text="hi", finish_reason="stop"))])
+    release_request(store, "c4", "alice")
+    assert request_view(store, "c4").status == "completed"
