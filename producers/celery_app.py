@@ -41,12 +41,14 @@ def broker_options(settings: Settings) -> tuple[str, str | None, dict[str, Any]]
         # a redelivered enqueue of a killed worker must wait out at most one lease
         return settings.celery_broker, None, {"visibility_timeout": max(settings.batch_lease_s * 2, 60)}
     root = embedded_broker_dir(settings)
-    queue, processed = root / "queue", root / "processed"
-    for d in (queue, processed):
+    queue, processed, control = root / "queue", root / "processed", root / "control"
+    for d in (queue, processed, control):
         d.mkdir(parents=True, exist_ok=True)
-    return "filesystem://", FS_TRANSPORT, {"data_folder_in": str(queue), "data_folder_out": str(queue),
-                             "processed_folder": str(processed), "store_processed": False,
-                             "polling_interval": 0.2}
+    # control_folder: kombu's default is ./control in the working directory
+    return "filesystem://", FS_TRANSPORT, {
+        "data_folder_in": str(queue), "data_folder_out": str(queue),
+        "processed_folder": str(processed), "control_folder": str(control),
+        "store_processed": False, "polling_interval": 0.2}
 
 
 def celery_app(settings: Settings) -> Celery:

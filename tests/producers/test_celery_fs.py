@@ -22,6 +22,7 @@ def test_unfinished_message_files_are_skipped_and_messages_round_trip(tmp_path):
         assert not list(folder.glob("*.part"))[1:]  # only the stale one above
         assert queue.get(timeout=2).payload == {"n": 1}
         queue.close()
+    assert (tmp_path / "celery" / "control").is_dir()  # not ./control in the working dir
 
 
 def test_apps_use_json_only_and_no_result_backend(tmp_path):
