@@ -25,7 +25,8 @@ VIEW_COLUMNS = (RequestRow.id, RequestRow.owner, RequestRow.status, RequestRow.b
                 RequestRow.priority, RequestRow.output, RequestRow.output_token_ids,
                 RequestRow.finish_reason, RequestRow.usage, RequestRow.timings, RequestRow.error,
                 RequestRow.error_code, RequestRow.worker, RequestRow.attempts,
-                RequestRow.created_at, RequestRow.started_at, RequestRow.finished_at)
+                RequestRow.created_at, RequestRow.started_at, RequestRow.finished_at,
+                RequestRow.logprobs)
 # NOTE: built once. Building a select per call costs more CPU than the query itself
 # (~0.3 ms: SQLAlchemy derives the statement's cache key on each new object).
 _VIEW_BY_ID = select(*VIEW_COLUMNS).where(RequestRow.id == bindparam("rid"))

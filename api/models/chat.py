@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import InferenceRequest, SchemaError, parse_batch_line
 from schemas.batch import CHAT_URL
-from schemas.params import (MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+from schemas.events import Logprobs
+from schemas.params import (MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
                             MAX_TOKENS_LIMIT, SEED_MAX, TokenId)
 from schemas.requests import MAX_MESSAGES, PRIORITY_INTERACTIVE
 
@@ -46,8 +47,9 @@ class ResponseFormat(BaseModel):
 
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions. Sampling: max_tokens (or max_completion_tokens),
-    temperature, top_p, seed, stop, and vLLM's top_k, stop_token_ids, ignore_eos. Only the
-    neutral value of n, penalties, logprobs, logit_bias and response_format is accepted."""
+    temperature, top_p, seed, stop, logprobs + top_logprobs (not with stream), and vLLM's
+    top_k, stop_token_ids, ignore_eos. Only the neutral value of n, penalties, logit_bias
+    and response_format is accepted."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -70,8 +72,8 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     presence_penalty: Literal[0] | None = None
     frequency_penalty: Literal[0] | None = None
-    logprobs: Literal[False] | None = None
-    top_logprobs: Literal[0] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
@@ -80,8 +82,13 @@ class ChatCompletionRequest(BaseModel):
     service_tier: str | None = None
 
     def to_wire(self, request_id: str, max_prompt_chars: int, max_bytes: int) -> InferenceRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise SchemaError("top_logprobs needs logprobs: true", field="top_logprobs")
+        if self.logprobs and self.stream:
+            raise SchemaError("logprobs are answered with the whole completion; use them "
+                              "with stream: false", field="logprobs")
         body = self.model_dump(mode="json", exclude_none=True,
-                               exclude={"stream", "stream_options"})
+                               exclude={"stream", "stream_options", "logprobs", "top_logprobs"})
         line = orjson.dumps({"custom_id": request_id, "method": "POST", "url": CHAT_URL,
                              "body": body})
         try:
@@ -90,8 +97,10 @@ class ChatCompletionRequest(BaseModel):
             field = exc.field.removeprefix("body.") if exc.field else None
             raise SchemaError(exc.message.replace("body.", ""), field=field,
                               request_id=request_id, code=exc.code) from None
-        return req.model_copy(update={"priority": PRIORITY_INTERACTIVE,
-                                      "stream": bool(self.stream)})
+        update: dict[str, Any] = {"priority": PRIORITY_INTERACTIVE, "stream": bool(self.stream)}
+        if self.logprobs:
+            update["params"] = req.params.model_copy(update={"logprobs": self.top_logprobs or 0})
+        return req.model_copy(update=update)
 
 
 # --- answers ----------------------------------------------------------------------------
@@ -112,7 +121,7 @@ class Choice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: Literal["stop", "length"]
-    logprobs: None = None
+    logprobs: Logprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -138,7 +147,9 @@ def completion(request_id: str, model: str, final: Any) -> dict[str, Any]:
             "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": final.text,
                                                  "refusal": None},
-                         "finish_reason": finish_of(final.finish_reason), "logprobs": None}],
+                         "finish_reason": finish_of(final.finish_reason),
+                         "logprobs": (final.logprobs.model_dump(mode="json")
+                                      if final.logprobs is not None else None)}],
             "usage": usage_of(final.usage)}
 
 

@@ -89,6 +89,9 @@ class RequestObject(BaseModel):
     error: ErrorOut | None = None
     worker: str | None = None
     attempts: int = 0
+    logprobs: dict[str, Any] | None = Field(default=None, description="when params.logprobs "
+                                            "was set: OpenAI's choice.logprobs object (plus "
+                                            "prompt_logprobs when asked)")
 
 
 def _epoch(value: datetime | None) -> float | None:
@@ -112,7 +115,8 @@ def request_object(row: Any) -> dict[str, Any]:
             "finished_at": _epoch(row.finished_at), "batch_id": row.batch_id,
             "priority": row.priority, "text": row.output, "token_ids": row.output_token_ids,
             "finish_reason": row.finish_reason, "usage": usage, "timings": row.timings,
-            "error": error, "worker": row.worker, "attempts": row.attempts or 0}
+            "error": error, "worker": row.worker, "attempts": row.attempts or 0,
+            "logprobs": row.logprobs}
 
 
 def queued_object(req: InferenceRequest) -> dict[str, Any]:
@@ -121,4 +125,4 @@ def queued_object(req: InferenceRequest) -> dict[str, Any]:
             "created_at": req.submitted_at, "started_at": None, "finished_at": None,
             "batch_id": req.batch_id, "priority": req.priority, "text": None,
             "token_ids": None, "finish_reason": None, "usage": None, "timings": None,
-            "error": None, "worker": None, "attempts": 0}
+            "error": None, "worker": None, "attempts": 0, "logprobs": None}

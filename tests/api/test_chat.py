@@ -76,8 +76,23 @@ def test_bad_chat_input_is_a_400(stack):
         client.chat.completions.create(model="tiny", messages=long, max_tokens=4)
     assert err.value.code == "prompt_too_long"
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model="tiny", messages=MESSAGES, logprobs=True)
+        client.chat.completions.create(model="tiny", messages=MESSAGES, logprobs=True,
+                                       stream=True)
     assert err.value.param == "logprobs"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=stack.url + "/v1", api_key="wrong", max_retries=0
                       ).chat.completions.create(model="tiny", messages=MESSAGES)
+
+
+def test_logprobs(stack):
+    key = stack.new_key()
+    done = sdk(stack, key).chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6,
+                                                   temperature=0, logprobs=True, top_logprobs=2)
+    content = done.choices[0].logprobs.content
+    assert len(content) == done.usage.completion_tokens
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content)
+    # greedy: the chosen token is the most likely one
+    assert all(t.top_logprobs[0].logprob == pytest.approx(t.logprob) for t in content)
+    with stack.http(key) as http:
+        stored = poll(http, done.id.removeprefix("chatcmpl-"))
+    assert len(stored["logprobs"]["content"]) == len(content)
