@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from kafka.partitioner.default import murmur2
 from kafka.errors import (InvalidRecordError, MessageSizeTooLargeError, RecordListTooLargeError,
                           UnsupportedForMessageFormatError)
 
@@ -65,6 +66,8 @@ class _Stream:
 
     job: Admitted
     key: bytes
+    hash: int                      # murmur2 of the key: partitions are picked from it
+    live: bool                     # deltas wanted: the request streams, not handed back
     index: int = 0                 # token events sent
     start: int = 0                 # tokens sent in them
     ids: list[int] = field(default_factory=list)
@@ -80,6 +83,7 @@ class _Message:
     value: bytes
     headers: list[tuple[str, bytes]] | None
     kind: str
+    partition: int | None = None
     tries: int = 0
     done: bool = False
 
@@ -117,6 +121,7 @@ class Publisher:
         self.streams: dict[str, _Stream] = {}        # by attempt
         self.endings: dict[int, _Ending] = {}        # by ticket, until acknowledged
         self._dirty: list[_Stream] = []
+        self._num_partitions: dict[str, int] = {}
         self._next_flush = 0.0
         self._acks: queue.SimpleQueue = queue.SimpleQueue()
         self._retries: list[tuple[float, int, int, int]] = []
@@ -212,7 +217,7 @@ class Publisher:
         elif kind == HAND_BACK:
             st = self.streams.get(payload)
             if st is not None:
-                st.handed_back, st.ids, st.texts = True, [], []
+                st.handed_back, st.live, st.ids, st.texts = True, False, [], []
         elif kind == ADD_FAILED:
             attempt, message = payload
             st = self.streams.pop(attempt, None)
@@ -222,12 +227,14 @@ class Publisher:
 
     def _admit(self, job: Admitted) -> None:
         key = job.request_id.encode()
-        self.streams[job.attempt] = _Stream(job, key)
+        st = self.streams[job.attempt] = _Stream(job, key, key_hash(key), job.stream)
         self._send_untracked(self.topic_results, key, event_bytes.status_event(
-            job.request_id, job.attempt, self.worker, job.queued_at))
+            job.request_id, job.attempt, self.worker, job.queued_at),
+            self._partition(self.topic_results, st.hash))
 
     def _outputs(self, outputs: list[Any]) -> None:
-        streams, tokens = self.streams, 0
+        # NOTE: the hot loop (one pass per output of every step): plain attribute work only.
+        streams, tokens, max_tokens = self.streams, 0, self.max_tokens
         for out in outputs:
             st = streams.get(out.request_id)
             if st is None:
@@ -235,11 +242,12 @@ class Publisher:
             ids = out.new_token_ids
             if ids:
                 tokens += len(ids)
-                st.job.raw = None  # the engine accepted it: no DLQ copy will be needed
-            if st.job.stream and not st.handed_back and (ids or out.text_delta):
-                st.ids.extend(ids)
+                if st.index == 0 and st.job.raw is not None:
+                    st.job.raw = None  # the engine accepted it: no DLQ copy will be needed
+            if st.live and (ids or out.text_delta):
+                st.ids += ids
                 st.texts.append(out.text_delta)
-                if st.index == 0 or len(st.ids) >= self.max_tokens:
+                if st.index == 0 or len(st.ids) >= max_tokens:
                     self._flush(st)
                 elif not st.dirty:
                     st.dirty = True
@@ -259,7 +267,8 @@ class Publisher:
         st.index += 1
         st.start += len(st.ids)
         st.ids, st.texts, st.dirty = [], [], False
-        self._send_untracked(self.topic_tokens, st.key, value)
+        self._send_untracked(self.topic_tokens, st.key, value,
+                             self._partition(self.topic_tokens, st.hash))
         self.metrics.inc("token_events")
 
     def _flush_all(self) -> None:
@@ -268,9 +277,28 @@ class Publisher:
                 self._flush(st)
         self._dirty = []
 
-    def _send_untracked(self, topic: str, key: bytes, value: bytes) -> None:
+    def _partition(self, topic: str, h: int) -> int | None:
+        """The partition kafka-python's default partitioner would pick for a key hashing to
+        `h` (murmur2, like the Java client's).
+
+        NOTE: given to send() explicitly, so the pure-Python murmur2 runs once per request
+        instead of once per message (it cost about as much as the rest of send())."""
+        n = self._num_partitions.get(topic)
+        if n is None:
+            try:
+                n = len(self.producer.partitions_for(topic) or ())
+            except Exception:  # noqa: BLE001 - unknown now: let the producer pick
+                return None
+            if not n:
+                return None
+            self._num_partitions[topic] = n
+        return h % n
+
+    def _send_untracked(self, topic: str, key: bytes, value: bytes,
+                        partition: int | None = None) -> None:
         try:
-            self.producer.send(topic, key=key, value=value).add_errback(self._on_error, None, 0)
+            self.producer.send(topic, key=key, value=value, partition=partition).add_errback(
+                self._on_error, None, 0)
         except Exception as exc:  # noqa: BLE001 - KafkaTimeoutError & co: never fatal here
             self._untracked_failed(exc)
 
@@ -302,7 +330,8 @@ class Publisher:
             return
         self.metrics.inc("cancelled" if out.finish_reason == "abort" else "completed")
         ending = _Ending(job.ticket, job.request_id, job.attempt, job.batch_id,
-                         [_Message(self.topic_results, st.key, value, None, FINAL)])
+                         [_Message(self.topic_results, st.key, value, None, FINAL,
+                                   self._partition(self.topic_results, st.hash))])
         if len(value) > self.max_bytes:  # known now: no need to ask the producer
             self._replace_final(ending, ending.messages[0], _too_large_text(len(value), self.max_bytes))
         self._track(ending)
@@ -318,7 +347,8 @@ class Publisher:
         key = r.request_id.encode() if r.request_id is not None else None
         value = event_bytes.error_event(r.request_id, r.attempt, r.code, r.message,
                                         field=r.field, worker=self.worker, batch_id=r.batch_id)
-        messages = [_Message(self.topic_results, key, value, None, FINAL)]
+        part = None if key is None else self._partition(self.topic_results, key_hash(key))
+        messages = [_Message(self.topic_results, key, value, None, FINAL, part)]
         if r.raw is not None:
             headers = dlq_headers(r.headers, r.code, r.message, r.source)
             body, headers = dlq_value(r.raw, headers, self.max_bytes)
@@ -335,7 +365,8 @@ class Publisher:
                                         queued_at=a.queued_at, now=time.time())
         self.metrics.inc("cancelled")
         self._track(_Ending(a.ticket, a.request_id, a.attempt, a.batch_id,
-                            [_Message(self.topic_results, key, value, None, FINAL)]))
+                            [_Message(self.topic_results, key, value, None, FINAL,
+                                      self._partition(self.topic_results, key_hash(key)))]))
 
     # -- tracked sends ------------------------------------------------------------------------
     def _track(self, ending: _Ending) -> None:
@@ -347,7 +378,8 @@ class Publisher:
         msg = self.endings[ticket].messages[i]
         msg.tries += 1
         try:
-            fut = self.producer.send(msg.topic, key=msg.key, value=msg.value, headers=msg.headers)
+            fut = self.producer.send(msg.topic, key=msg.key, value=msg.value, headers=msg.headers,
+                                     partition=msg.partition)
         except Exception as exc:  # noqa: BLE001 - sorted into permanent / transient below
             self._failed(ticket, i, exc)
             return
@@ -438,6 +470,10 @@ class Publisher:
         if now - self._last_warning >= 1.0:  # at most one a second: failures come in floods
             self._last_warning = now
             log.warning(fmt, *args)
+
+
+def key_hash(key: bytes) -> int:
+    return murmur2(key) & 0x7FFFFFFF
 
 
 def _too_large_text(size: int, limit: int | None) -> str:
