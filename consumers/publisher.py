@@ -138,7 +138,12 @@ class Publisher:
 
     def stop(self, ack_timeout: float = 10.0) -> None:
         """Flush, wait up to `ack_timeout` seconds for outstanding acknowledgements, exit."""
-        self.queue.put((STOP, ack_timeout))
+        if self.thread is None or not self.thread.is_alive():
+            return
+        try:
+            self.queue.put((STOP, ack_timeout), timeout=30)
+        except queue.Full:
+            log.error("the publisher is stuck; stopping without it")
 
     def join(self, timeout: float | None = None) -> bool:
         if self.thread is not None:
