@@ -59,7 +59,6 @@ class StepHandle:
     sampled: torch.Tensor         # [n] device
     host_out: torch.Tensor | None = None  # pinned [n] (CUDA)
     event: torch.cuda.Event | None = None
-    index_of: dict | None = None  # Request -> position in `sampled` (overlapped mode)
 
 
 class ModelRunner:

@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     from inflight import commands  # service subcommands: submit, result, stream, worker, recorder, demo
 
     commands.register(sub)
+    from inflight import batch_commands  # batch create|status|list|cancel|results, jobs
+
+    batch_commands.register(sub)
     from inflight import api_commands  # api, keys
 
     api_commands.register(sub)

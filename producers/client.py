@@ -8,15 +8,24 @@
 
 The request_id is the idempotency key and the Kafka key (so all events of a request sit
 in one results partition). Priority >= PRIORITY_BATCH goes to the batch topic.
+
+Batch jobs (run by the Celery workers of `inflight jobs`; see producers.batch_jobs):
+
+    b = client.create_batch("in.jsonl", endpoint="/v1/chat/completions", completion_window="24h")
+    client.get_batch(b.id).status         # validating → in_progress → finalizing → completed
+    client.cancel_batch(b.id); client.list_batches(); client.wait_batch(b.id, timeout=...)
+    for line in client.batch_results(b.id): ...            # output lines (dicts), input order
 """
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import orjson
 from kafka import KafkaProducer
@@ -27,10 +36,13 @@ from schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, FinalEven
                      InferenceRequest, SamplingParams, SchemaError, Settings, TokenEvent,
                      decode_result, encode)
 from schemas.codec import schema_error
-from schemas.errors import BrokerError, InflightError
-from producers.stream import follow, partition_for
+from schemas.errors import BrokerError, InflightError, StateError
 from schemas.kafka_clients import partitions_of, plain_consumer, producer
-from store import FINAL_STATUSES, Store
+from store import FINAL_STATUSES, BatchRow, FileRow, Store
+
+from producers import batch_jobs
+from producers.celery_app import celery_app, send_enqueue
+from producers.stream import follow, partition_for
 
 NOT_FOUND = "not_found"
 STREAM_CLOCK_SLACK_S = 5.0   # start a stream this much before the submit time (clock skew)
@@ -115,6 +127,7 @@ class Client:
         self.settings = settings or Settings()
         self._store = store
         self._producer: KafkaProducer | None = None
+        self._celery: Any = None
         self._submitted: dict[str, float] = {}
 
     # -- connections ----------------------------------------------------------------------
@@ -138,6 +151,9 @@ class Client:
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self._celery is not None:
+            self._celery.close()
+            self._celery = None
 
     def __enter__(self) -> "Client":
         return self
@@ -216,9 +232,33 @@ class Client:
 
     def cancel(self, request_id: str) -> None:
         """Ask every worker to abort this request (it ends `cancelled`)."""
-        self.producer.send(self.settings.topic_cancel, key=request_id.encode(),
-                           value=orjson.dumps({"request_id": request_id}))
+        self.cancel_many([request_id])
+
+    def cancel_many(self, request_ids: Iterable[str]) -> int:
+        """Send a cancel for each id, then wait for the broker's acknowledgement."""
+        n = 0
+        try:
+            for rid in request_ids:
+                self.producer.send(self.settings.topic_cancel, key=rid.encode(),
+                                   value=orjson.dumps({"request_id": rid}))
+                n += 1
+        except KafkaError as exc:
+            raise BrokerError(f"publishing cancels failed: {exc}") from exc
         self.flush()
+        return n
+
+    def publish_encoded(self, items: Iterable[tuple[str, bytes]], *, topic: str) -> int:
+        """Send already-encoded requests (request_id, bytes) to `topic` and flush (the batch
+        enqueue task: it encoded and size-checked them while validating)."""
+        n = 0
+        try:
+            for rid, value in items:
+                self.producer.send(topic, key=rid.encode(), value=value)
+                n += 1
+        except KafkaError as exc:
+            raise BrokerError(f"publishing to {topic} failed: {exc}") from exc
+        self.flush()
+        return n
 
     # -- results ------------------------------------------------------------------------------
     def result(self, request_id: str) -> Result:
@@ -299,3 +339,89 @@ class Client:
                     f"{timeout:.0f}s; is a worker running? (`inflight worker`)")
         return (f"request {request_id} not found: nothing in the store and no events on "
                 f"{self.settings.topic_results} within {timeout:.0f}s")
+
+    # -- batch jobs (see producers.batch_jobs) ---------------------------------------------
+    @property
+    def celery(self) -> Any:
+        if self._celery is None:
+            self._celery = celery_app(self.settings)
+        return self._celery
+
+    def upload_file(self, source: str | Path | bytes | BinaryIO, *, purpose: str = "batch",
+                    filename: str | None = None, owner: str | None = None,
+                    progress: bool = False) -> FileRow:
+        """Store a file (a path, bytes or a binary file object), streamed in 1 MiB pieces."""
+        from tqdm import tqdm
+
+        if isinstance(source, (str, Path)):
+            path = Path(source)
+            try:
+                fh: BinaryIO = open(path, "rb")
+            except OSError as exc:
+                raise SchemaError(f"cannot read {path}: {exc.strerror}") from None
+            name, total = filename or path.name, path.stat().st_size
+        elif isinstance(source, (bytes, bytearray)):
+            fh, name, total = io.BytesIO(source), filename or "input.jsonl", len(source)
+        else:
+            fh, name, total = source, filename or getattr(source, "name", "input.jsonl"), None
+        with fh, tqdm(total=total, unit="B", unit_scale=True, desc="upload",
+                      disable=not progress) as bar:
+            return self.store.create_file(iter(lambda: fh.read(1 << 20), b""), purpose=purpose,
+                                          filename=str(name), owner=owner, progress=bar.update)
+
+    def create_batch(self, source: str | Path | bytes | BinaryIO | None = None, *,
+                     input_file_id: str | None = None,
+                     endpoint: str = "/v1/chat/completions", completion_window: str = "24h",
+                     metadata: Mapping[str, str] | None = None, owner: str | None = None,
+                     progress: bool = False) -> BatchRow:
+        """Upload `source` (or use an uploaded `input_file_id`), create a `validating`
+        batch and hand it to the Celery workers (`inflight jobs`) to validate and enqueue."""
+        if (source is None) == (input_file_id is None):
+            raise SchemaError("create_batch: give a file to upload or an input_file_id (one)")
+        if input_file_id is None:
+            input_file_id = self.upload_file(source, owner=owner, progress=progress).id  # type: ignore[arg-type]
+        b = batch_jobs.create_batch(self.store, input_file_id=input_file_id, endpoint=endpoint,
+                                    completion_window=completion_window,
+                                    metadata=dict(metadata) if metadata else None, owner=owner)
+        send_enqueue(self.celery, b.id)
+        return b
+
+    def get_batch(self, batch_id: str) -> BatchRow:
+        """The batch row (NotFoundError for an unknown id); batch_jobs.batch_object(row)
+        gives the OpenAI JSON."""
+        return self.store.require_batch(batch_id)
+
+    def list_batches(self, *, limit: int = 20, after: str | None = None,
+                     owner: str | None = None) -> list[BatchRow]:
+        return self.store.list_batches(limit=limit, after=after, owner=owner)
+
+    def cancel_batch(self, batch_id: str) -> BatchRow:
+        return batch_jobs.cancel_batch(self.store, self, batch_id)
+
+    def wait_batch(self, batch_id: str, timeout: float | None = None,
+                   poll_s: float = 0.5) -> BatchRow:
+        """Poll until the batch is completed/failed/expired/cancelled or `timeout` passes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            b = self.get_batch(batch_id)
+            if b.is_final or (deadline is not None and time.monotonic() >= deadline):
+                return b
+            time.sleep(poll_s)
+
+    def batch_file_lines(self, batch_id: str, *, errors: bool = False) -> Iterator[bytes]:
+        """Raw lines of the batch's output file (or error file); none while it has none.
+        StateError while the batch has not ended."""
+        b = self.get_batch(batch_id)
+        if not b.is_final:
+            raise StateError(f"batch {batch_id} is {b.status}; results exist once it is "
+                             "completed, expired or cancelled")
+        fid = b.error_file_id if errors else b.output_file_id
+        if fid is None:
+            return
+        for _, line in self.store.iter_file_lines(fid):
+            yield line
+
+    def batch_results(self, batch_id: str, *, errors: bool = False) -> Iterator[dict[str, Any]]:
+        """The output (or error) lines of an ended batch as dicts, in input order."""
+        for line in self.batch_file_lines(batch_id, errors=errors):
+            yield orjson.loads(line)

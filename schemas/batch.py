@@ -132,12 +132,33 @@ def _fail(msg: str, raw: bytes, field: str | None, rid: str | None) -> SchemaErr
 
 
 def _openai_fields(obj: dict[str, Any], raw: bytes) -> dict[str, Any]:
-    """Map an OpenAI Batch line onto InferenceRequest fields (validated afterwards)."""
+    """Map an OpenAI Batch line onto InferenceRequest fields (validated afterwards); the
+    custom_id is the request_id."""
     custom_id = obj.get("custom_id")
     rid = custom_id if isinstance(custom_id, str) and ID_RE.match(custom_id) else None
     if rid is None:
         raise _fail(f"custom_id: use 1-{MAX_ID_LEN} characters of letters, digits and . _ : -, "
                     f"starting with a letter or digit (got {custom_id!r:.80})", raw, "custom_id", None)
+    return _openai_body_fields(obj, raw, rid)
+
+
+def openai_batch_request(obj: dict[str, Any], raw: bytes, *, request_id: str,
+                         batch_id: str | None = None, priority: int = PRIORITY_BATCH,
+                         stream: bool | None = False,
+                         max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS) -> InferenceRequest:
+    """An OpenAI Batch line already loaded (`obj`, from `raw`) → InferenceRequest with the
+    given request_id (batch jobs derive it from batch id + custom_id, so custom_id may be
+    any string). Checks method, url (one of ours), body and parameters; raises SchemaError
+    naming the line's own field paths (body.max_tokens, ...)."""
+    fields = _openai_body_fields(obj, raw, request_id)
+    fields.update(batch_id=batch_id, priority=priority, stream=stream)
+    try:
+        return request_from_object(fields, raw=raw, max_prompt_chars=max_prompt_chars)
+    except SchemaError as e:
+        raise _openai_error(e) from None
+
+
+def _openai_body_fields(obj: dict[str, Any], raw: bytes, rid: str) -> dict[str, Any]:
     extra = sorted(set(obj) - {"custom_id", "method", "url", "body"})
     if extra:
         raise _fail(f"unknown field(s) {', '.join(map(repr, extra))} in an OpenAI Batch line: "
@@ -223,4 +244,5 @@ def _messages(messages: Any, raw: bytes, rid: str) -> Any:
     return out
 
 
-__all__ = ["parse_batch_line", "salvage_request_id", "COMPLETIONS_URL", "CHAT_URL"]
+__all__ = ["parse_batch_line", "openai_batch_request", "salvage_request_id", "COMPLETIONS_URL",
+           "CHAT_URL"]

@@ -1,16 +1,20 @@
-"""Tolerant record parsing: a header key that is not UTF-8 must not stop a consumer.
+"""Tolerant record parsing: no record a broker hands out may stop a consumer of ours.
 
-kafka-python decodes every header key with a strict `bytes.decode("utf-8")` while it
-iterates a fetched record batch (kafka.record.default_records.DefaultRecordBatch._read_msg).
-A key that is not UTF-8 (any non-Python producer can write one) raises CorruptRecordError
-from `poll()` with the partition's position left on that record, and the exception names
-neither the partition nor the offset: no caller can skip it, so every restart of a worker
-or a recorder dies on the same record and the whole group stops.
+kafka-python parses fetched record batches inside `poll()`. Two kinds of records made it
+raise CorruptRecordError there, with the partition's position left on that record, at
+every restart, so that the whole group stopped:
 
-`install()` wraps that one method: a record parses exactly as before, and only when the
-strict decode fails is the same record parsed again here with its header keys decoded
-with errors="backslashreplace" (b"k\\xff" -> "k\\\\xff"). The record then goes the normal way:
-a valid request runs, a bad one gets its error row and DLQ copy, its neighbours go on.
+1. A header key that is not UTF-8 (any non-Python producer can write one): kafka-python
+   decodes keys with a strict `bytes.decode("utf-8")`
+   (kafka.record.default_records.DefaultRecordBatch._read_msg). Such a record is parsed
+   again here with its header keys decoded with errors="backslashreplace"
+   (b"k\xff" -> "k\\xff") and then goes the normal way: a valid request runs, a bad one
+   gets its error row and DLQ copy, its neighbours go on.
+2. A batch whose CRC or record framing is broken. Real Kafka refuses those on produce;
+   the embedded broker (Tansu) stores them. Nothing of such a batch can be trusted, not
+   even its records' offsets, so its records are skipped with an error in the log that
+   names the partition and the offsets (kafka.consumer.fetcher's
+   PartitionRecords._unpack_records is wrapped for that); the consumer goes on after it.
 
 NOTE: why backslashreplace and not another handler —
 - "surrogateescape" would keep the bytes, but kafka-python itself re-encodes header keys
@@ -19,54 +23,133 @@ NOTE: why backslashreplace and not another handler —
 - "replace" (U+FFFD, what the Java client does) re-encodes fine but loses the bytes;
 - "backslashreplace" re-encodes fine (pure ASCII escapes) and keeps the bytes readable in
   the DLQ copy.
-The wrapper is installed once per process (idempotent), by schemas.kafka_clients.connect,
-so every client this project builds (worker, recorder, cancel reader, Client.stream)
-reads such records. It changes nothing where kafka-python succeeds; if a kafka-python
-upgrade moves the method, install() says so in the log and the regression test fails.
+`install()` runs once per process (idempotent), from schemas.kafka_clients.connect, so
+every client this project builds (worker, recorder, cancel reader, Client.stream) reads
+this way. Both wrappers change nothing where kafka-python succeeds; if a kafka-python
+upgrade moves what they wrap, install() says so in the log and the regression tests fail.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 from typing import Any
 
+from kafka.consumer import fetcher
+from kafka.errors import CorruptRecordError
 from kafka.record import default_records
+from kafka.record.memory_records import MemoryRecords
 from kafka.record.util import decode_varint
 
 log = logging.getLogger("inflight.kafka")
 
 _lock = threading.Lock()
-_MARK = "_inflight_tolerant_header_keys"
+_MARK = "_inflight_tolerant"
 
 
 def install() -> bool:
-    """Make DefaultRecordBatch tolerate header keys that are not UTF-8 (idempotent).
-    Returns whether the tolerant parse is in place."""
-    batch_cls = default_records.DefaultRecordBatch
+    """Make kafka-python's record parsing tolerant (idempotent). Returns whether both
+    wrappers are in place."""
     with _lock:
-        original = getattr(batch_cls, "_read_msg", None)
-        if original is None or not {"_buffer", "_pos"} <= set(batch_cls.__slots__):
-            log.warning("kafka-python's DefaultRecordBatch has changed: records whose header "
-                        "keys are not UTF-8 will stop consumers (schemas/kafka_records.py)")
-            return False
-        if getattr(original, _MARK, False):
-            return True
+        return _install_header_keys() & _install_batch_skip()
 
-        def _read_msg(self: Any, *args: Any, **kwargs: Any) -> Any:
-            pos = self._pos  # the strict parse only moves it once the record is read
-            try:
-                return original(self, *args, **kwargs)
-            except UnicodeDecodeError:
-                if self.is_control_batch:
-                    raise
-                self._pos = pos
-                return _read_record_leniently(self)
 
-        setattr(_read_msg, _MARK, True)
-        _read_msg.__doc__ = original.__doc__
-        batch_cls._read_msg = _read_msg
+def _install_header_keys() -> bool:
+    batch_cls = default_records.DefaultRecordBatch
+    original = getattr(batch_cls, "_read_msg", None)
+    if original is None or not {"_buffer", "_pos"} <= set(batch_cls.__slots__):
+        log.warning("kafka-python's DefaultRecordBatch has changed: records whose header keys "
+                    "are not UTF-8 will stop consumers (schemas/kafka_records.py)")
+        return False
+    if getattr(original, _MARK, False):
         return True
+
+    def _read_msg(self: Any, *args: Any, **kwargs: Any) -> Any:
+        pos = self._pos  # the strict parse only moves it once the record is read
+        try:
+            return original(self, *args, **kwargs)
+        except UnicodeDecodeError:
+            if self.is_control_batch:
+                raise
+            self._pos = pos
+            return _read_record_leniently(self)
+
+    setattr(_read_msg, _MARK, True)
+    batch_cls._read_msg = _read_msg
+    return True
+
+
+def _install_batch_skip() -> bool:
+    records_cls = getattr(fetcher.Fetcher, "PartitionRecords", None)
+    original = getattr(records_cls, "_unpack_records", None)
+    if original is None or not hasattr(records_cls, "drain"):
+        log.warning("kafka-python's Fetcher.PartitionRecords has changed: a corrupt record "
+                    "batch will stop consumers (schemas/kafka_records.py)")
+        return False
+    if getattr(original, _MARK, False):
+        return True
+
+    def _unpack_records(self: Any, tp: Any, records: Any, *args: Any) -> Any:
+        inner = original(self, tp, records, *args)
+        while True:
+            try:
+                record = next(inner)
+            except StopIteration:
+                return
+            except CorruptRecordError as exc:
+                _skip_corrupt_batch(self, tp, records, exc)
+                return
+            yield record
+
+    setattr(_unpack_records, _MARK, True)
+    records_cls._unpack_records = _unpack_records
+    return True
+
+
+def _skip_corrupt_batch(part: Any, tp: Any, records: Any, exc: Exception) -> None:
+    """Move the partition's next fetch past the batch holding `part.next_fetch_offset` (the
+    first offset not returned), log it, and end this fetch (the fetcher drains it; records
+    after that batch are fetched again)."""
+    bad = part.next_fetch_offset
+    end = _batch_end(records, bad)
+    log.error("%s/%d: records at offsets %d..%d cannot be parsed and are skipped (%s); "
+              "a producer wrote a corrupt record batch", tp.topic, tp.partition, bad, end - 1,
+              exc)
+    part.next_fetch_offset = end
+    part.drain()
+
+
+def _batch_end(records: Any, offset: int) -> int:
+    """Where to fetch next: after the batch that holds `offset` (the first offset not
+    returned), or `offset` itself when that batch starts there, is sound, and follows
+    another (then the corrupt batch was that one, all its records came out, and only its
+    trailing bytes were wrong). offset + 1 when not even batch headers can be read."""
+    try:
+        batches = MemoryRecords(bytes(records._buffer))
+        previous = None
+        while (batch := batches.next_batch()) is not None:
+            if batch.magic < 2:
+                break
+            if batch.next_offset > offset:
+                if previous is not None and batch.base_offset >= offset and _sound(batch):
+                    return offset
+                return batch.next_offset
+            previous = batch
+    except (CorruptRecordError, ValueError, IndexError, AttributeError, struct.error):
+        pass
+    return offset + 1
+
+
+def _sound(batch: Any) -> bool:
+    try:
+        if not batch.validate_crc():
+            return False
+        for _ in batch:
+            pass
+    except (CorruptRecordError, ValueError, IndexError, AssertionError):
+        return False
+    return True
 
 
 def _read_record_leniently(batch: Any) -> Any:

@@ -75,7 +75,17 @@ class Settings(BaseSettings):
     gpu_lock_dir: Path | None = None  # None = <data_dir>/gpu-locks
 
     # --- batch jobs ----------------------------------------------------------------
-    celery_broker: str | None = None  # e.g. redis://127.0.0.1:6379/0; None = SQL transport
+    # Celery broker: redis://host:6379/0 in production. None = the embedded transport
+    # (kombu's filesystem transport in <data_dir>/celery: no server, one machine).
+    celery_broker: str | None = None
+    celery_queue: str = "inflight-batch"   # the Celery queue of batch tasks
+    batch_sweep_interval_s: float = 10.0   # period of the sweep (counts, finalize, expire)
+    batch_lease_s: float = 120.0           # a dead sweeper's / enqueuer's claim lapses after this
+    batch_cancel_grace_s: float = 600.0    # cancelling: requests not final by then end `cancelled`
+    batch_enqueue_chunk: int = 1000        # lines per store insert + producer flush + progress update
+    # Context length checked against max_tokens at validation; None = max_position_embeddings
+    # from <model folder>/config.json (read as JSON; the model is never loaded).
+    batch_context_length: int | None = None
 
     # --- worker ----------------------------------------------------------------------
     worker_max_inflight: int = 64

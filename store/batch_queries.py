@@ -128,13 +128,17 @@ class BatchQueries:
         with self.session() as s:  # type: ignore[attr-defined]
             return s.execute(update(BatchRow.__table__).where(*cond).values(**cols)).rowcount == 1
 
-    def claim_batch(self, batch_id: str, owner: str, ttl_s: float) -> bool:
+    def claim_batch(self, batch_id: str, owner: str, ttl_s: float, *,
+                    or_owner: str | None = None) -> bool:
         """Take (or extend) the batch's lease for `ttl_s` seconds unless someone else holds
-        a live one. True = `owner` holds it now."""
+        a live one (`or_owner`: a holder whose live lease may be taken over). True =
+        `owner` holds it now."""
         now = utcnow()
-        cond = and_(BatchRow.id == batch_id,
-                    or_(BatchRow.lease_owner.is_(None), BatchRow.lease_owner == owner,
-                        BatchRow.lease_until.is_(None), BatchRow.lease_until < now))
+        free = [BatchRow.lease_owner.is_(None), BatchRow.lease_owner == owner,
+                BatchRow.lease_until.is_(None), BatchRow.lease_until < now]
+        if or_owner is not None:
+            free.append(BatchRow.lease_owner == or_owner)
+        cond = and_(BatchRow.id == batch_id, or_(*free))
         with self.session() as s:  # type: ignore[attr-defined]
             res = s.execute(update(BatchRow.__table__).where(cond).values(
                 lease_owner=owner, lease_until=now + timedelta(seconds=ttl_s)))

@@ -59,19 +59,24 @@ class FileQueries:
             if progress is not None:
                 progress(len(piece))
 
-        for part in content:
-            if not part:
-                continue
-            digest.update(part)
-            size += len(part)
-            newlines += part.count(b"\n")
-            last = part[-1:]
-            buf += part
-            while len(buf) >= CHUNK_BYTES:
-                flush(bytes(buf[:CHUNK_BYTES]))
-                del buf[:CHUNK_BYTES]
-        if buf:
-            flush(bytes(buf))
+        try:
+            for part in content:
+                if not part:
+                    continue
+                digest.update(part)
+                size += len(part)
+                newlines += part.count(b"\n")
+                last = part[-1:]
+                buf += part
+                while len(buf) >= CHUNK_BYTES:
+                    flush(bytes(buf[:CHUNK_BYTES]))
+                    del buf[:CHUNK_BYTES]
+            if buf:
+                flush(bytes(buf))
+        except BaseException:
+            # the source failed (a broken upload, a writer that lost its batch): no half file
+            self.delete_file(fid)
+            raise
         lines = newlines + (1 if size and last != b"\n" else 0)
         with self.session() as s:  # type: ignore[attr-defined]
             s.execute(update(FileRow).where(FileRow.id == fid).values(

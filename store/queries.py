@@ -233,6 +233,19 @@ class Store(BatchQueries, FileQueries):
             rows = s.scalars(select(RequestRow).where(RequestRow.id.in_(ids))).all()
             return {r.id: r for r in rows}
 
+    def result_rows(self, request_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """{id: {status, output, finish_reason, usage, error, error_code, finished_at}} for
+        the ids that exist: plain dicts through Core (no ORM objects), for writing large
+        batch result files."""
+        ids = list(request_ids)
+        if not ids:
+            return {}
+        t = RequestRow.__table__.c
+        cols = (t.id, t.status, t.output, t.finish_reason, t.usage, t.error, t.error_code,
+                t.finished_at)
+        with self.session() as s:
+            return {r.id: r._asdict() for r in s.execute(select(*cols).where(t.id.in_(ids)))}
+
     def list_batch(self, batch_id: str, *, status: str | Iterable[str] | None = None,
                    after: str | None = None, limit: int = 1000) -> list[RequestRow]:
         """A batch's requests ordered by id; page with `after=<last id>`."""

@@ -14,6 +14,7 @@ import struct
 from collections.abc import Sequence
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.util import calc_crc32c
 
 Header = tuple[str | bytes, bytes | None]
 
@@ -59,11 +60,39 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
+def with_bad_crc(batch: bytes) -> bytes:
+    """The batch with its last byte flipped: the CRC no longer matches."""
+    return batch[:-1] + bytes([batch[-1] ^ 0xFF])
+
+
+def with_bad_framing(batch: bytes) -> bytes:
+    """The batch with its first record's length varint wrong and the CRC made to match
+    again (the broker cannot tell; a consumer cannot parse it)."""
+    b = bytearray(batch)
+    b[_RECORDS_START] = 0x7E  # varint 63
+    struct.pack_into(">I", b, _CRC_AT, calc_crc32c(memoryview(b)[_CRC_AT + 4:]))
+    return bytes(b)
+
+
+def with_record_count(batch: bytes, count: int) -> bytes:
+    """The batch claiming `count` records (CRC recomputed)."""
+    b = bytearray(batch)
+    struct.pack_into(">i", b, _RECORDS_START - 4, count)
+    struct.pack_into(">I", b, _CRC_AT, calc_crc32c(memoryview(b)[_CRC_AT + 4:]))
+    return bytes(b)
+
+
+# v2 batch header: baseOffset int64, batchLength int32, partitionLeaderEpoch int32, magic
+# int8, crc uint32 (over everything after it), ..., recordCount int32, then the records
+_CRC_AT, _RECORDS_START = 17, 61
+
+
 def produce_raw(bootstrap: str, topic: str, partition: int,
-                records: Sequence[tuple[bytes | None, bytes | None, Sequence[Header]]],
+                records: Sequence[tuple[bytes | None, bytes | None, Sequence[Header]]] | bytes,
                 timeout: float = 10.0) -> int:
-    """Append `records` to one partition with acks=all; returns the base offset."""
-    batch = record_batch(records)
+    """Append `records` (or a record batch, as bytes) to one partition with acks=all;
+    returns the base offset."""
+    batch = records if isinstance(records, bytes) else record_batch(records)
     body = (struct.pack(">hhi", 0, 3, 1) + _string("raw-test")      # Produce v3, correlation 1
             + struct.pack(">hhi", -1, -1, int(timeout * 1000))       # no txn id, acks=all
             + struct.pack(">i", 1) + _string(topic)

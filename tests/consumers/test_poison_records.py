@@ -27,9 +27,11 @@ def test_records_with_bad_header_keys_complete_or_fail_cleanly(broker, tiny_mode
     tag = uuid.uuid4().hex[:6]
     params = SamplingParams(max_tokens=4, temperature=0)
     ok = [f"ok{i}-{tag}" for i in range(2)]
-    valid_bad_key, invalid_bad_key, valid_null = (f"{n}-{tag}" for n in ("vbk", "ibk", "vnull"))
+    valid_bad_key, invalid_bad_key, valid_null, invalid_null = (
+        f"{n}-{tag}" for n in ("vbk", "ibk", "vnull", "inull"))
     bad_key = (b"trace-\xff", b"abc")
     invalid = orjson.dumps({"request_id": invalid_bad_key, "prompt": 5})
+    invalid2 = orjson.dumps({"request_id": invalid_null, "prompt": 6})
 
     def req(rid: str) -> bytes:
         return encode(InferenceRequest(request_id=rid, prompt="one two three", params=params))
@@ -39,20 +41,23 @@ def test_records_with_bad_header_keys_complete_or_fail_cleanly(broker, tiny_mode
         (valid_bad_key.encode(), req(valid_bad_key), [bad_key]),
         (invalid_bad_key.encode(), invalid, [bad_key, ("x", b"1")]),
         (valid_null.encode(), req(valid_null), [("trace", None)]),
+        (invalid_null.encode(), invalid2, [("trace", None), bad_key]),
         (ok[1].encode(), req(ok[1]), [("trace", b"1")]),
     ])
     svc = Service(settings, tiny_engine(tiny_model), store)
     try:
-        ids = ok + [valid_bad_key, invalid_bad_key, valid_null]
+        ids = ok + [valid_bad_key, invalid_bad_key, valid_null, invalid_null]
         rows = wait_rows(store, ids, timeout=60)
         assert {rid: rows[rid].status for rid in ids} == {
             **dict.fromkeys(ok + [valid_bad_key, valid_null], "completed"),
-            invalid_bad_key: "failed"}
-        assert rows[invalid_bad_key].error_code == "invalid_request"
-        dlq = read_topic(settings, settings.topic_dlq, until=lambda recs: recs)
-        assert [r.value for r in dlq] == [invalid]
+            invalid_bad_key: "failed", invalid_null: "failed"}
+        assert rows[invalid_bad_key].error_code == rows[invalid_null].error_code == "invalid_request"
+        dlq = read_topic(settings, settings.topic_dlq, until=lambda recs: len(recs) >= 2)
+        assert [r.value for r in dlq] == [invalid, invalid2]
         headers = dict(dlq[0].headers)
         assert headers["trace-\\xff"] == b"abc" and headers["x"] == b"1"  # the key, escaped
+        headers = dict(dlq[1].headers)
+        assert headers["trace"] == b"" and headers["trace-\\xff"] == b"abc"  # null: empty
     finally:
         svc.stop()
         store.close()

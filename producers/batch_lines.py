@@ -1,0 +1,141 @@
+"""Checking and converting the lines of a batch input file (the validate step).
+
+A batch has one endpoint; every line must be a request for it:
+
+    /v1/chat/completions, /v1/completions   OpenAI Batch lines {custom_id, method, url, body}
+    /v1/messages                            Anthropic Message Batches lines {custom_id, params}
+
+`LineChecker.check(line_no, raw)` returns the InferenceRequest or raises SchemaError with
+the line number first; it also enforces unique custom_ids (it remembers them: ~60 bytes
+each) and max_tokens within the model's context.
+
+The request_id is derived from (batch id, custom_id) -- `request_id_for` -- so the same
+line always maps to the same request, whichever task publishes it and however often.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from schemas import SchemaError, Settings
+from schemas.anthropic_batch import MESSAGES_URL, anthropic_batch_request
+from schemas.base import ID_RE, MAX_ID_LEN
+from schemas.batch import CHAT_URL, COMPLETIONS_URL, openai_batch_request
+from schemas.codec import load_object
+from schemas.errors import ConfigError
+from schemas.requests import PRIORITY_BATCH, InferenceRequest
+
+ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, MESSAGES_URL)
+MAX_CUSTOM_ID = 512
+
+
+def request_id_for(batch_id: str, custom_id: str) -> str:
+    """`<batch>:<custom_id>` when that is a valid id, else `<batch>::<sha256 prefix>`.
+
+    NOTE: a readable custom_id never starts with ':', so the two forms cannot collide."""
+    rid = f"{batch_id}:{custom_id}"
+    if len(rid) <= MAX_ID_LEN and ID_RE.match(custom_id):
+        return rid
+    return f"{batch_id}::{hashlib.sha256(custom_id.encode()).hexdigest()[:40]}"
+
+
+def context_length(settings: Settings, model_dir: Path | None = None) -> int | None:
+    """The model's context length without loading it: INFLIGHT_BATCH_CONTEXT_LENGTH, else
+    max_position_embeddings from config.json in INFLIGHT_MODEL_PATH (or `model_dir`, the
+    bundled model's folder that the CLI passes), capped by INFLIGHT_MAX_MODEL_LEN as the
+    workers cap it; None when nothing is known."""
+    if settings.batch_context_length is not None:
+        return settings.batch_context_length
+    cap = settings.max_model_len
+    folder = Path(settings.model_path) if settings.model_path else model_dir
+    if folder is None or not (folder / "config.json").is_file():
+        return cap
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+        length = int(cfg["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"cannot read max_position_embeddings from {folder / 'config.json'}: "
+                          f"{exc}; set INFLIGHT_BATCH_CONTEXT_LENGTH") from exc
+    return min(length, cap) if cap is not None else length
+
+
+@dataclass(frozen=True)
+class LineError:
+    """One bad line, as OpenAI's Batch `errors.data` entry."""
+
+    line: int
+    message: str
+    code: str = "invalid_request"
+    param: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "param": self.param,
+                "line": self.line}
+
+
+class Checked(NamedTuple):
+    custom_id: str
+    request: InferenceRequest
+
+
+class LineChecker:
+    """Validates lines of one batch, in order; keeps the custom_ids seen so far."""
+
+    def __init__(self, batch_id: str, endpoint: str, *, context: int | None,
+                 max_prompt_chars: int | None, max_line_bytes: int | None):
+        if endpoint not in ENDPOINTS:
+            raise SchemaError(f"endpoint {endpoint!r}: use one of {', '.join(ENDPOINTS)}",
+                              field="endpoint")
+        self.batch_id = batch_id
+        self.endpoint = endpoint
+        self.context = context
+        self.max_prompt_chars = max_prompt_chars
+        self.max_line_bytes = max_line_bytes
+        self.seen: set[str] = set()
+
+    def check(self, line_no: int, raw: bytes) -> Checked:
+        """(custom_id, request) of line `line_no`, or SchemaError('line N: ...')."""
+        try:
+            return self._convert(raw)
+        except SchemaError as e:
+            raise SchemaError(f"line {line_no}: {e.message}", raw=e.raw, field=e.field,
+                              request_id=e.request_id, code=e.code) from None
+
+    def _convert(self, raw: bytes) -> Checked:
+        data, obj = load_object(raw, max_bytes=self.max_line_bytes, what="batch line")
+        cid = obj.get("custom_id")
+        if not isinstance(cid, str) or not cid or len(cid) > MAX_CUSTOM_ID:
+            raise SchemaError(f"custom_id: give a non-empty string of at most {MAX_CUSTOM_ID} "
+                              f"characters (got {cid!r:.80})", raw=data, field="custom_id")
+        if cid in self.seen:
+            raise SchemaError(f"custom_id {cid!r:.80} appears on an earlier line; custom_ids "
+                              "must be unique within a batch", raw=data, field="custom_id")
+        rid = request_id_for(self.batch_id, cid)
+        kw = {"request_id": rid, "batch_id": self.batch_id, "priority": PRIORITY_BATCH,
+              "stream": False, "max_prompt_chars": self.max_prompt_chars}
+        if self.endpoint == MESSAGES_URL:
+            req = anthropic_batch_request(obj, data, **kw)
+            where = "params.max_tokens"
+        else:
+            url = obj.get("url")
+            if url != self.endpoint:
+                raise SchemaError(f"url: every line of this batch must use {self.endpoint!r} "
+                                  f"(the batch's endpoint; got {url!r:.80})", raw=data,
+                                  field="url", request_id=rid)
+            req = openai_batch_request(obj, data, **kw)
+            where = "body.max_tokens"
+        # NOTE: only a max_tokens the line sets is checked; the default is capped by the
+        # engine at the context length, as OpenAI's default fills the remaining context.
+        if self.context is not None and "max_tokens" in req.params.model_fields_set:
+            n_ids = len(req.prompt_token_ids or ())
+            if req.params.max_tokens + n_ids > self.context:
+                extra = f" plus {n_ids} prompt tokens" if n_ids else ""
+                raise SchemaError(f"{where}: {req.params.max_tokens}{extra} exceeds the model's "
+                                  f"context of {self.context} tokens; lower it", raw=data,
+                                  field=where, request_id=rid, code="prompt_too_long")
+        self.seen.add(cid)
+        return Checked(cid, req)

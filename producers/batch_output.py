@@ -1,0 +1,221 @@
+"""Result lines of a batch: OpenAI Batch output/error lines, Anthropic Message Batches
+result lines, written as files in the store by one pass over the input file.
+
+OpenAI (endpoint /v1/chat/completions or /v1/completions): the output file holds one line
+per completed request, the error file one per request that failed, was cancelled or
+expired:
+
+    {"id": "batch_req_…", "custom_id": "q1", "error": null,
+     "response": {"status_code": 200, "request_id": "<our request id>",
+                  "body": {chat.completion | text_completion object, with usage}}}
+    {"id": "batch_req_…", "custom_id": "q2", "response": null,
+     "error": {"code": "batch_expired", "message": "…"}}
+
+Anthropic (/v1/messages): one results file, every line
+`{"custom_id", "result": {"type": "succeeded" | "errored" | "canceled" | "expired", …}}`.
+
+Lines follow the input file's order; a line whose request never reached the store
+(the batch was cancelled or expired before it was published) is written as cancelled /
+expired.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from schemas.anthropic_batch import MESSAGES_URL
+from schemas.batch import CHAT_URL
+from store import BatchRow, Store
+from store.models import CANCELLED, COMPLETED, EXPIRED, FAILED
+
+from producers.batch_lines import request_id_for
+
+PAGE = 1000  # input lines (and request rows fetched) per round trip
+
+_EXPIRED_MSG = "This request could not be executed before the completion window expired."
+_CANCELLED_MSG = "This request was cancelled before it completed."
+_OPENAI_STOP = {"stop": "stop", "length": "length"}
+_ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens"}
+
+
+def _hid(prefix: str, rid: str) -> str:
+    return prefix + hashlib.sha256(rid.encode()).hexdigest()[:24]
+
+
+def _created(row: dict[str, Any]) -> int:
+    at = row.get("finished_at")
+    return int(at.timestamp()) if at is not None else 0
+
+
+def _usage(row: dict[str, Any]) -> tuple[int, int]:
+    u = row.get("usage") or {}
+    return int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
+
+
+def _unfinished(row: dict[str, Any] | None, batch_status: str) -> str | None:
+    """EXPIRED / CANCELLED for a request without a usable result, None for one that
+    completed or failed."""
+    status = row["status"] if row is not None else None
+    if status in (COMPLETED, FAILED):
+        return None
+    if status in (EXPIRED, CANCELLED):
+        return status
+    # no final row: never published, or still queued/running when the batch ended
+    return EXPIRED if batch_status == EXPIRED else CANCELLED
+
+
+def openai_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, endpoint: str,
+                model: str, batch_status: str) -> tuple[dict[str, Any], bool]:
+    """(output line, is_error) for one request in OpenAI's batch output format."""
+    line: dict[str, Any] = {"id": _hid("batch_req_", rid), "custom_id": custom_id}
+    gone = _unfinished(row, batch_status)
+    if gone is not None:
+        code = "batch_expired" if gone == EXPIRED else "batch_cancelled"
+        line.update(response=None,
+                    error={"code": code, "message": _EXPIRED_MSG if gone == EXPIRED else _CANCELLED_MSG})
+        return line, True
+    assert row is not None
+    if row["status"] == COMPLETED:
+        p, c = _usage(row)
+        usage = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        finish = _OPENAI_STOP.get(row.get("finish_reason") or "stop", "stop")
+        if endpoint == CHAT_URL:
+            body = {"id": _hid("chatcmpl-", rid), "object": "chat.completion",
+                    "created": _created(row), "model": model,
+                    "choices": [{"index": 0, "message": {"role": "assistant",
+                                                         "content": row.get("output") or ""},
+                                 "logprobs": None, "finish_reason": finish}],
+                    "usage": usage}
+        else:
+            body = {"id": _hid("cmpl-", rid), "object": "text_completion",
+                    "created": _created(row), "model": model,
+                    "choices": [{"index": 0, "text": row.get("output") or "", "logprobs": None,
+                                 "finish_reason": finish}],
+                    "usage": usage}
+        line.update(response={"status_code": 200, "request_id": rid, "body": body}, error=None)
+        return line, False
+    code = row.get("error_code") or "engine_error"
+    client_side = code in ("invalid_request", "prompt_too_long", "message_too_large")
+    line.update(response={"status_code": 400 if client_side else 500, "request_id": rid,
+                          "body": {"error": {"message": row.get("error") or "request failed",
+                                             "type": "invalid_request_error" if client_side
+                                             else "server_error",
+                                             "param": None, "code": code}}},
+                error=None)
+    return line, True
+
+
+def anthropic_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, model: str,
+                   batch_status: str) -> dict[str, Any]:
+    """One Message Batches result line."""
+    gone = _unfinished(row, batch_status)
+    if gone is not None:
+        return {"custom_id": custom_id,
+                "result": {"type": "expired" if gone == EXPIRED else "canceled"}}
+    assert row is not None
+    if row["status"] == COMPLETED:
+        p, c = _usage(row)
+        message = {"id": _hid("msg_", rid), "type": "message", "role": "assistant",
+                   "model": model, "content": [{"type": "text", "text": row.get("output") or ""}],
+                   "stop_reason": _ANTHROPIC_STOP.get(row.get("finish_reason") or "stop",
+                                                      "end_turn"),
+                   "stop_sequence": None,
+                   "usage": {"input_tokens": p, "output_tokens": c}}
+        return {"custom_id": custom_id, "result": {"type": "succeeded", "message": message}}
+    code = row.get("error_code") or "engine_error"
+    kind = ("invalid_request_error" if code in ("invalid_request", "prompt_too_long",
+                                                "message_too_large") else "api_error")
+    return {"custom_id": custom_id,
+            "result": {"type": "errored",
+                       "error": {"type": "error", "error": {"type": kind,
+                                                            "message": row.get("error") or code}}}}
+
+
+class LostLease(Exception):
+    """Raised inside the writer when another sweeper took the batch over."""
+
+
+@dataclass
+class WrittenResults:
+    output_file_id: str | None
+    error_file_id: str | None
+    lines: int
+    errors: int
+
+
+def _pages(store: Store, batch: BatchRow) -> Iterator[list[tuple[str, str, str]]]:
+    """Pages of (custom_id, request_id, model) in input order (non-blank lines)."""
+    page: list[tuple[str, str, str]] = []
+    for _, raw in store.iter_file_lines(batch.input_file_id):  # type: ignore[arg-type]
+        if not raw.strip():
+            continue
+        obj = orjson.loads(raw)
+        cid = obj["custom_id"]
+        body = obj.get("params") if batch.endpoint == MESSAGES_URL else obj.get("body")
+        model = body.get("model") if isinstance(body, dict) else None
+        page.append((cid, request_id_for(batch.id, cid), model if isinstance(model, str) else ""))
+        if len(page) >= PAGE:
+            yield page
+            page = []
+    if page:
+        yield page
+
+
+def write_results(store: Store, batch: BatchRow, *, default_model: str, final_status: str,
+                  keep_lease: Callable[[], bool] | None = None) -> WrittenResults:
+    """Write the batch's output (and, for OpenAI endpoints, error) file from its input file
+    and request rows; `final_status` is the status the batch is about to take (decides
+    whether unfinished requests read as expired or cancelled). `keep_lease()` is called
+    every page and must return True to go on (the writer stops if it lost the batch).
+
+    The input is read a page at a time and the error lines are spooled to a temporary file
+    (on disk past 8 MB), so memory stays flat whatever the batch size."""
+    anthropic = batch.endpoint == MESSAGES_URL
+    counts = {"lines": 0, "errors": 0}
+    spool = tempfile.SpooledTemporaryFile(max_size=8 << 20)
+
+    def output() -> Iterator[bytes]:
+        for page in _pages(store, batch):
+            if keep_lease is not None and not keep_lease():
+                raise LostLease(batch.id)
+            rows = store.result_rows([rid for _, rid, _ in page])
+            out = []
+            for cid, rid, model in page:
+                row = rows.get(rid)
+                counts["lines"] += 1
+                if anthropic:
+                    out.append(orjson.dumps(anthropic_line(cid, rid, row, model=model or default_model,
+                                                           batch_status=final_status)))
+                    continue
+                line, is_error = openai_line(cid, rid, row, endpoint=batch.endpoint or CHAT_URL,
+                                             model=model or default_model,
+                                             batch_status=final_status)
+                if is_error:
+                    counts["errors"] += 1
+                    spool.write(orjson.dumps(line) + b"\n")
+                else:
+                    out.append(orjson.dumps(line))
+            if out:
+                yield b"\n".join(out) + b"\n"
+
+    stem = batch.id
+    with spool:
+        out_row = store.create_file(output(), purpose="batch_output",
+                                    filename=f"{stem}_output.jsonl", owner=batch.owner)
+        err_id = None
+        if counts["errors"]:
+            spool.seek(0)
+            err_row = store.create_file(iter(lambda: spool.read(1 << 20), b""),
+                                        purpose="batch_errors", filename=f"{stem}_errors.jsonl",
+                                        owner=batch.owner)
+            err_id = err_row.id
+    out_id = out_row.id if out_row.line_count else None
+    if out_id is None:
+        store.delete_file(out_row.id)
+    return WrittenResults(out_id, err_id, counts["lines"], counts["errors"])

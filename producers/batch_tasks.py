@@ -1,0 +1,128 @@
+"""The Celery worker side of batch jobs: tasks that call producers.batch_jobs.
+
+    app = worker_app(settings, model_dir=..., model_name=...)
+    run_worker(app, concurrency=2)       # blocks: a Celery worker with the sweep (beat) embedded
+
+Tasks (names in producers.celery_app):
+
+- `inflight.batch.enqueue(batch_id)`: validate_and_enqueue. acks_late: a worker lost
+  mid-task has its message redelivered (Redis); a batch held by another task is retried
+  later; an unreachable broker or database is retried with backoff.
+- `inflight.batch.sweep()`: one sweep pass, every INFLIGHT_BATCH_SWEEP_INTERVAL_S (beat).
+
+Each process opens its own Store and Kafka producer on first use (after the fork of a
+prefork pool) and keeps them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from schemas import Settings
+from schemas.errors import BrokerError, NotFoundError, Retry, StoreError
+from store import Store
+
+from producers.batch_jobs import JobContext, sweep, validate_and_enqueue
+from producers.batch_lines import context_length
+from producers.celery_app import ENQUEUE_TASK, SWEEP_TASK, celery_app, send_enqueue
+from producers.client import Client
+
+log = logging.getLogger("inflight.batch")
+
+TRANSIENT_RETRIES = 20
+
+
+class _Resources:
+    """The per-process JobContext, built on first use (so after a prefork fork)."""
+
+    def __init__(self, settings: Settings, model_dir: Path | None, model_name: str):
+        self.settings = settings
+        self.model_dir = model_dir
+        self.model_name = model_name
+        self._ctx: JobContext | None = None
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    def ctx(self) -> JobContext:
+        with self._lock:
+            if self._ctx is None or self._pid != os.getpid():
+                store = Store.embedded(self.settings.database_url)
+                self._ctx = JobContext(
+                    store=store, publisher=Client(self.settings, store=store),
+                    settings=self.settings,
+                    context_length=context_length(self.settings, self.model_dir),
+                    model_name=self.model_name,
+                    worker=f"{socket.gethostname()}:{os.getpid()}")
+                self._pid = os.getpid()
+            return self._ctx
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ctx is not None:
+                self._ctx.publisher.close()  # type: ignore[attr-defined]
+                self._ctx = None
+
+
+def worker_app(settings: Settings, *, model_dir: Path | None = None,
+               model_name: str | None = None) -> Celery:
+    """The Celery app with the batch tasks registered (closures over this process's
+    resources; no module-level app)."""
+    app = celery_app(settings)
+    name = model_name or (Path(settings.model_path).name if settings.model_path else "default")
+    res = _Resources(settings, model_dir, name)
+    app.inflight_resources = res  # type: ignore[attr-defined]
+
+    @app.task(name=ENQUEUE_TASK, bind=True, max_retries=None, shared=False)
+    def enqueue(self: Any, batch_id: str) -> str:
+        try:
+            outcome = validate_and_enqueue(res.ctx(), batch_id)
+        except NotFoundError as exc:
+            log.error("enqueue %s: %s", batch_id, exc)
+            return "not found"
+        except Retry as exc:
+            raise self.retry(countdown=exc.delay, exc=exc) from exc
+        except (BrokerError, StoreError) as exc:
+            if self.request.retries >= TRANSIENT_RETRIES:
+                raise
+            delay = min(2 ** self.request.retries, 60)
+            log.warning("enqueue %s: %s; retrying in %ss", batch_id, exc, delay)
+            raise self.retry(countdown=delay, exc=exc) from exc
+        log.info("enqueue %s: %s", batch_id, outcome)
+        return outcome
+
+    @app.task(name=SWEEP_TASK, shared=False)
+    def sweep_task() -> dict[str, Any]:
+        report = sweep(res.ctx(), dispatch_enqueue=lambda bid: send_enqueue(app, bid))
+        if report.completed or report.expired or report.cancelled or report.redispatched:
+            log.info("sweep: %s", report.to_json())
+        return report.to_json()
+
+    return app
+
+
+def make_worker(app: Celery, *, concurrency: int = 2, pool: str = "threads", beat: bool = True,
+                hostname: str | None = None, loglevel: str = "INFO") -> Any:
+    """A Celery WorkController for the batch tasks; `.start()` blocks until `.stop()` or a
+    signal. With `beat`, the sweep schedule runs inside it (each worker its own beat: the
+    sweep is safe to run twice at once)."""
+    schedule = Path(tempfile.mkdtemp(prefix="inflight-beat-")) / "schedule"
+    return app.Worker(concurrency=concurrency, pool=pool, beat=beat, loglevel=loglevel,
+                      hostname=hostname or f"inflight-jobs-{os.getpid()}@{socket.gethostname()}",
+                      schedule_filename=str(schedule), without_mingle=True,
+                      without_gossip=True, without_heartbeat=True, quiet=True)
+
+
+def run_worker(app: Celery, **kw: Any) -> None:
+    """`inflight jobs`: run a worker (make_worker's arguments) until SIGTERM / Ctrl-C."""
+    try:
+        make_worker(app, **kw).start()
+    finally:
+        app.inflight_resources.close()  # type: ignore[attr-defined]

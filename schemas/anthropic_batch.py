@@ -1,0 +1,120 @@
+"""Anthropic Message Batches lines: `{"custom_id": ..., "params": {Messages API request}}`.
+
+    {"custom_id": "q1", "params": {"model": "...", "max_tokens": 64,
+     "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}],
+     "temperature": 0.2, "stop_sequences": ["\\n\\n"]}}
+
+`params` maps onto an InferenceRequest: `system` (a string or text blocks) becomes a
+leading system message, content blocks must be text, `stop_sequences` -> stop,
+`max_tokens` is required (as in the Messages API). Parameters we cannot honour (tools,
+thinking, images, ...) are rejected by name; `model`, `metadata`, `service_tier` and
+`stream: false` are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.codec import DEFAULT_MAX_PROMPT_CHARS, request_from_object
+from schemas.errors import SchemaError
+from schemas.requests import PRIORITY_BATCH, InferenceRequest
+
+MESSAGES_URL = "/v1/messages"
+
+_PARAM_MAP = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+              "top_k": "top_k", "stop_sequences": "stop"}
+_IGNORED = {"model", "metadata", "service_tier"}
+_FIELD_PATHS = (("params.stop", "params.stop_sequences"), ("messages", "params.messages"),
+                ("params.", "params."))
+
+
+def _fail(msg: str, raw: bytes, field: str | None, rid: str) -> SchemaError:
+    return SchemaError(msg, raw=raw, field=field, request_id=rid)
+
+
+def _text(content: Any, where: str, raw: bytes, rid: str) -> str:
+    """A string, or a list of {"type": "text", "text": ...} blocks, as one string."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for i, block in enumerate(content):
+            if not (isinstance(block, dict) and block.get("type") == "text"
+                    and isinstance(block.get("text"), str)):
+                raise _fail(f"{where}.{i}: only text blocks are supported (type 'text' with a "
+                            "'text' string)", raw, f"{where}.{i}", rid)
+            texts.append(block["text"])
+        return "".join(texts)
+    raise _fail(f"{where}: give a string or a list of text blocks (got {type(content).__name__})",
+                raw, where, rid)
+
+
+def anthropic_batch_request(obj: dict[str, Any], raw: bytes, *, request_id: str,
+                            batch_id: str | None = None, priority: int = PRIORITY_BATCH,
+                            stream: bool | None = False,
+                            max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS
+                            ) -> InferenceRequest:
+    """One loaded Message Batches line → InferenceRequest with the given request_id.
+    Raises only SchemaError, with the line's own field paths (params.max_tokens, ...)."""
+    extra = sorted(set(obj) - {"custom_id", "params"})
+    if extra:
+        raise _fail(f"unknown field(s) {', '.join(map(repr, extra))} in a Message Batches "
+                    "line: remove them; allowed: custom_id, params", raw, extra[0], request_id)
+    params = obj.get("params")
+    if not isinstance(params, dict):
+        raise _fail(f"params: must be a JSON object (got {type(params).__name__})", raw,
+                    "params", request_id)
+    sampling: dict[str, Any] = {}
+    unknown = []
+    for key, value in params.items():
+        if key in _PARAM_MAP:
+            sampling[_PARAM_MAP[key]] = value
+        elif key in _IGNORED or key in ("messages", "system"):
+            continue
+        elif key == "stream":
+            if value not in (None, False):
+                raise _fail("params.stream: batch requests do not stream; remove it", raw,
+                            "params.stream", request_id)
+        else:
+            unknown.append(key)
+    if unknown:
+        raise _fail(f"params: unsupported parameter(s) {', '.join(map(repr, sorted(unknown)))}; "
+                    "remove them (supported: messages, system, " + ", ".join(_PARAM_MAP) + ")",
+                    raw, f"params.{sorted(unknown)[0]}", request_id)
+    if "max_tokens" not in params:
+        raise _fail("missing required field 'params.max_tokens'", raw, "params.max_tokens",
+                    request_id)
+    msgs = params.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _fail("params.messages: give a non-empty list of {role, content} turns", raw,
+                    "params.messages", request_id)
+    messages = []
+    if "system" in params and params["system"] is not None:
+        messages.append({"role": "system",
+                         "content": _text(params["system"], "params.system", raw, request_id)})
+    for i, m in enumerate(msgs):
+        where = f"params.messages.{i}"
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise _fail(f"{where}: each turn is {{\"role\": \"user\" | \"assistant\", "
+                        "\"content\": ...}", raw, where, request_id)
+        if set(m) - {"role", "content"}:
+            bad = sorted(set(m) - {"role", "content"})[0]
+            raise _fail(f"{where}.{bad}: unknown field; remove it", raw, f"{where}.{bad}",
+                        request_id)
+        messages.append({"role": m["role"],
+                         "content": _text(m.get("content"), f"{where}.content", raw, request_id)})
+    fields = {"request_id": request_id, "messages": messages, "params": sampling,
+              "batch_id": batch_id, "priority": priority, "stream": stream}
+    try:
+        return request_from_object(fields, raw=raw, max_prompt_chars=max_prompt_chars)
+    except SchemaError as e:
+        field, message = e.field, e.message
+        if field:
+            for ours, theirs in _FIELD_PATHS:
+                if field.startswith(ours):
+                    new = theirs + field[len(ours):]
+                    message = message.replace(field, new, 1)
+                    field = new
+                    break
+        raise SchemaError(message, raw=e.raw, field=field, request_id=request_id,
+                          code=e.code) from None
