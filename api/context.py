@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
@@ -15,6 +15,7 @@ from anyio import to_thread
 from api.auth import KeyCache
 from api.cache import FinalAnswers
 from api.errors import APIError
+from api.group_commit import ClaimQueue
 from api.metrics import ApiMetrics
 from producers import Client
 from schemas import InferenceRequest, Settings
@@ -86,6 +87,10 @@ class ApiContext:
     metrics: ApiMetrics
     finals: FinalAnswers
     db_slots: anyio.CapacityLimiter
+    claims: ClaimQueue = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.claims = ClaimQueue(self.store, self.db, self.metrics)
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store call on one of the database threads."""

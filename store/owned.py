@@ -49,22 +49,44 @@ def request_view(store: Store, request_id: str) -> Row | None:
 def claim_request(store: Store, row: dict[str, Any], owner: str | None) -> Row | None:
     """Insert a `queued` row filed under `owner` unless the id exists. Returns None when
     this call inserted it, else the existing row's view (the caller decides: same owner =
-    the idempotent repeat, another owner = a conflict). One autocommit statement."""
+    the idempotent repeat, another owner = a conflict)."""
+    return claim_requests(store, [(row, owner)])[0]
+
+
+def claim_requests(store: Store, items: list[tuple[dict[str, Any], str | None]]) -> list[Row | None]:
+    """claim_request for many rows in ONE transaction (one commit, one WAL flush: the
+    API's group commit of concurrent submits). Answers in the order given; of two items
+    with one id, only the first can be the one that inserted it."""
     now = utcnow()
-    values = {**row, "status": QUEUED, "owner": owner, "attempts": 0,
-              "created_at": row.get("created_at") or now, "updated_at": now}
-    stmt = _INSERT_IF_ABSENT[store.dialect]
+    first: dict[str, int] = {}
+    values = []
+    for i, (row, owner) in enumerate(items):
+        if row["id"] not in first:
+            first[row["id"]] = i
+            values.append({**row, "status": QUEUED, "owner": owner, "attempts": 0,
+                           "created_at": row.get("created_at") or now, "updated_at": now})
     try:
-        with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            inserted = conn.execute(stmt, values).first() is not None
+        with store.engine.begin() as conn:
+            inserted = set(conn.execute(_INSERT_IF_ABSENT[store.dialect], values).scalars())
     except DBAPIError as exc:
-        raise StoreError(f"filing request {row['id']!r} failed: {exc.orig or exc}") from exc
-    return None if inserted else request_view(store, row["id"])
+        raise StoreError(f"filing {len(values)} request(s) failed: {exc.orig or exc}") from exc
+    mine = [first[rid] == i and rid in inserted for i, rid in enumerate(r["id"] for r, _ in items)]
+    views = request_views(store, {r["id"] for (r, _), new in zip(items, mine) if not new})
+    return [None if new else views.get(r["id"]) for (r, _), new in zip(items, mine)]
+
+
+def request_views(store: Store, request_ids: set[str]) -> dict[str, Row]:
+    if not request_ids:
+        return {}
+    with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        rows = conn.execute(select(*VIEW_COLUMNS).where(RequestRow.id.in_(sorted(request_ids))))
+        return {r.id: r for r in rows}
 
 
 # INSERT ... ON CONFLICT (id) DO NOTHING RETURNING id, per dialect, built once (values are
 # bound at execution, so SQLAlchemy compiles it once per set of columns).
-# NOTE: RETURNING, not rowcount: psycopg reports rowcount -1 for it in autocommit mode.
+# NOTE: RETURNING, not rowcount: psycopg reports rowcount -1 for it in autocommit mode;
+# executed with a list of rows it is one multi-row INSERT ("insertmanyvalues").
 _INSERT_IF_ABSENT = {
     name: dialect.insert(RequestRow.__table__).on_conflict_do_nothing(
         index_elements=[RequestRow.__table__.c.id]).returning(RequestRow.__table__.c.id)

@@ -36,7 +36,7 @@ from schemas import ErrorEvent, FinalEvent, TokenEvent
 from schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
                             ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG)
 from store import queued_row
-from store.owned import claim_request, release_request
+from store.owned import release_request
 
 router = APIRouter(tags=["chat"], responses=OPENAI_ERRORS)
 
@@ -69,7 +69,7 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars, ctx.settings.kafka_max_message_bytes)
     model = body.model or DEFAULT_MODEL
-    existing = await ctx.db(claim_request, ctx.store, queued_row(req), caller.owner)
+    existing = await ctx.claims.claim(queued_row(req), caller.owner)
     if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
         raise APIError(500, "request id collision; retry")
     try:

@@ -31,7 +31,7 @@ from api.sse import sse, stored_events
 from producers import RequestNotFound
 from schemas.errors import InflightError
 from store import FINAL_STATUSES, queued_row
-from store.owned import claim_request, release_request, request_view
+from store.owned import release_request, request_view
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"], responses=OPENAI_ERRORS)
 PathId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
@@ -43,7 +43,7 @@ PathId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
 async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
     rid = body.request_id or uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars)
-    existing = await ctx.db(claim_request, ctx.store, queued_row(req), caller.owner)
+    existing = await ctx.claims.claim(queued_row(req), caller.owner)
     if existing is not None:
         if caller.owner != existing.owner:  # another key's id (or a Kafka-only one)
             raise APIError(409, f"request_id {rid!r} is already in use; choose another",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from schemas import FinalEvent, InferenceRequest
 from store import Store, final_row, queued_row
-from store.owned import claim_request, release_request, request_view
+from store.owned import claim_request, claim_requests, release_request, request_view
 
 
 def test_claim_inserts_once_and_reports_the_existing_row(store: Store):
@@ -35,3 +35,16 @@ def test_release_removes_only_an_unstarted_row_of_its_owner(store: Store):
     store.upsert_requests([final_row(FinalEvent(request_id="c4", text="hi", finish_reason="stop"))])
     release_request(store, "c4", "alice")
     assert request_view(store, "c4").status == "completed"
+
+
+def test_claim_many_in_one_transaction(store: Store):
+    def row(rid: str, prompt: str = "x"):
+        return queued_row(InferenceRequest(request_id=rid, prompt=prompt))
+
+    claim_request(store, row("m0"), "bob")
+    got = claim_requests(store, [(row("m1"), "alice"), (row("m0"), "alice"),
+                                 (row("m2", "first"), "alice"), (row("m2", "second"), "carol")])
+    assert got[0] is None and got[2] is None                       # inserted by this call
+    assert (got[1].id, got[1].owner) == ("m0", "bob")              # there before
+    assert (got[3].id, got[3].owner) == ("m2", "alice")            # the first of two wins
+    assert store.get_request("m2").prompt == "first"
