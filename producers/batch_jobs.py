@@ -39,12 +39,14 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from operator import itemgetter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from schemas import SchemaError, Settings, encode
+from schemas import PRIORITY_BATCH, SchemaError, Settings, encode
 from schemas.errors import NotFoundError, Retry, StateError
 from store import (BATCH_FINAL_STATUSES, CANCELLED, CANCELLING, COMPLETED, EXPIRED, FAILED,
                    FINALIZING, IN_PROGRESS, QUEUED, RUNNING, VALIDATING, BatchRow, Store)
@@ -208,50 +210,88 @@ def _validate(ctx: JobContext, b: BatchRow, owner: str) -> str:
     return IN_PROGRESS
 
 
-def _queued_row(req: Any, custom_id: str, owner: str | None, now: datetime) -> dict[str, Any]:
-    return {"id": req.request_id, "batch_id": req.batch_id, "custom_id": custom_id,
-            "owner": owner, "status": QUEUED, "priority": req.priority,
-            "prompt": req.prompt_json(), "params": req.params.model_dump(mode="json"),
-            "created_at": now}
-
-
-def _enqueue(ctx: JobContext, b: BatchRow, owner: str) -> str:
-    store, s = ctx.store, ctx.settings
+def _chunks(ctx: JobContext, b: BatchRow) -> Iterator[list[tuple[str, str, bytes]]]:
+    """The batch's requests not published yet, as chunks of (request_id, custom_id,
+    encoded request), in input order."""
     checker = _checker(ctx, b)
-    done = b.lines_enqueued
-    skip = done  # requests published by an earlier run of this task
-    chunk: list[tuple[Any, str]] = []
-    t0 = time.monotonic()
-
-    def flush() -> bool:
-        nonlocal done
-        now = utcnow()
-        store.insert_requests([_queued_row(r, cid, b.owner, now) for r, cid in chunk])
-        cur = store.get_batch(b.id)
-        if (cur is None or cur.status != IN_PROGRESS or _expired(cur)
-                or not store.claim_batch(b.id, owner, s.batch_lease_s)):
-            # not published: if the batch is being cancelled, these end `cancelled` now
-            if cur is not None and cur.status in (CANCELLING, CANCELLED):
-                _end_requests(store, [r.request_id for r, _ in chunk], b.id, CANCELLED)
-            return False
-        ctx.publisher.publish_encoded(((r.request_id, encode(r)) for r, _ in chunk),
-                                      topic=s.topic_requests_batch)
-        done += len(chunk)
-        chunk.clear()
-        return store.set_batch_fields(b.id, only_if_status=[IN_PROGRESS], lines_enqueued=done)
-
-    for no, raw in store.iter_file_lines(b.input_file_id):  # type: ignore[arg-type]
+    skip = b.lines_enqueued  # requests published by an earlier run of this task
+    chunk: list[tuple[str, str, bytes]] = []
+    for no, raw in ctx.store.iter_file_lines(b.input_file_id):  # type: ignore[arg-type]
         if not raw.strip():
             continue
         if skip:
             skip -= 1
             continue
         cid, req = checker.check(no, raw)  # validated already: cannot fail on the same bytes
-        chunk.append((req.model_copy(update={"submitted_at": time.time()}), cid))
-        if len(chunk) >= s.batch_enqueue_chunk and not flush():
-            return "stopped"
-    if chunk and not flush():
+        chunk.append((req.request_id, cid,
+                      encode(req.model_copy(update={"submitted_at": time.time()}))))
+        if len(chunk) >= ctx.settings.batch_enqueue_chunk:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _enqueue(ctx: JobContext, b: BatchRow, owner: str) -> str:
+    """Publish the batch's requests, a chunk at a time, three stages overlapped:
+
+        main thread:   parse chunk k+1 ─┐          check status ─► publish chunk k+1 ...
+        db thread:                      └► insert rows k+1 ─┘
+        send thread:   publish chunk k (send + wait for the broker's acks) ─► progress k
+
+    NOTE (the order that matters, per chunk): its rows are inserted, THEN the status and
+    lease are checked, THEN it is published, THEN `lines_enqueued` moves past it. So a
+    published request always has a row that cancel_batch (which lists rows after moving
+    the batch to `cancelling`) finds, and a retried task republishes at most the chunks
+    whose acknowledgement it had not recorded."""
+    store, s = ctx.store, ctx.settings
+    done = b.lines_enqueued
+    t0 = time.monotonic()
+    rid_of = itemgetter(0)
+
+    def insert(chunk: list[tuple[str, str, bytes]]) -> None:
+        now = utcnow()
+        store.insert_requests([{"id": rid, "batch_id": b.id, "custom_id": cid,
+                                "owner": b.owner, "status": QUEUED, "priority": PRIORITY_BATCH,
+                                "created_at": now} for rid, cid, _ in chunk])
+
+    def publish(chunk: list[tuple[str, str, bytes]]) -> int:
+        ctx.publisher.publish_encoded(((rid, value) for rid, _, value in chunk),
+                                      topic=s.topic_requests_batch)
+        return len(chunk)
+
+    def settle(sent: Future[int]) -> bool:
+        nonlocal done
+        done += sent.result()  # BrokerError propagates: the task is retried
+        return store.set_batch_fields(b.id, only_if_status=[IN_PROGRESS], lines_enqueued=done)
+
+    def abandon(chunk: list[tuple[str, str, bytes]]) -> str:
+        """Rows in, never published: if the batch is being cancelled they end `cancelled`
+        now (an expired batch's open rows are ended by the sweep)."""
+        cur = store.get_batch(b.id)
+        if cur is not None and cur.status in (CANCELLING, CANCELLED):
+            _end_requests(store, list(map(rid_of, chunk)), b.id, CANCELLED)
         return "stopped"
+
+    def may_publish() -> bool:
+        cur = store.get_batch(b.id)
+        return (cur is not None and cur.status == IN_PROGRESS and not _expired(cur)
+                and store.claim_batch(b.id, owner, s.batch_lease_s))
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"enqueue-{b.id[-6:]}") as pool:
+        sending: Future[int] | None = None
+        for chunk in _chunks(ctx, b):
+            inserting = pool.submit(insert, chunk)
+            if sending is not None and not settle(sending):
+                inserting.result()
+                return abandon(chunk)
+            sending = None
+            inserting.result()
+            if not may_publish():
+                return abandon(chunk)
+            sending = pool.submit(publish, chunk)
+        if sending is not None and not settle(sending):
+            return "stopped"
     log.info("batch %s: %d requests published to %s in %.1fs", b.id, done - b.lines_enqueued,
              s.topic_requests_batch, time.monotonic() - t0)
     return "enqueued"
@@ -390,7 +430,16 @@ def _with_lease(ctx: JobContext, b: BatchRow, report: SweepReport,
 
 
 def _keeper(ctx: JobContext, bid: str, owner: str) -> Callable[[], bool]:
-    return lambda: ctx.store.claim_batch(bid, owner, ctx.settings.batch_lease_s)
+    """A check that renews the lease, at most every quarter lease (not every page)."""
+    every = ctx.settings.batch_lease_s / 4
+    last = [time.monotonic()]
+
+    def keep() -> bool:
+        if time.monotonic() - last[0] < every:
+            return True
+        last[0] = time.monotonic()
+        return ctx.store.claim_batch(bid, owner, ctx.settings.batch_lease_s)
+    return keep
 
 
 def _write(ctx: JobContext, b: BatchRow, owner: str, final_status: str) -> dict[str, Any]:
