@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import String, any_, bindparam, case, create_engine, event, func, or_, select
@@ -37,7 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from schemas.errors import StoreError
 from store.batch_queries import BatchQueries
 from store.files import FileQueries
-from store.models import FINAL_STATUSES, QUEUED, STATUS_RANK, STATUSES, RequestRow, utcnow
+from store.models import QUEUED, STATUS_RANK, STATUSES, RequestRow, utcnow
 
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
 _KEEP_ON_CONFLICT = {"id", "created_at"}
