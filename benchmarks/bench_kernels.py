@@ -42,7 +42,23 @@ BASELINE_MAX_KV_TOKENS = 2 * 1024 * 1024  # the torch gather doubles the memory
 def bench_ms(fn) -> float:
     from triton.testing import do_bench
 
+    fn()  # compile first: do_bench sizes its repetitions from its first call
+    torch.cuda.synchronize()
     return do_bench(fn, warmup=25, rep=100)
+
+
+def bench_graph_ms(fn) -> float:
+    """`fn` captured once in a CUDA graph and replayed: the kernels' own time, without the
+    Python launch overhead (decode steps run this way in the engine)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return bench_ms(graph.replay)
 
 
 def paged_cache(batch: int, context: int, dtype, seed: int):
@@ -93,13 +109,18 @@ def attention_rows(dtype, quick: bool, peaks) -> list[dict]:
             q = torch.randn(batch, Q_HEADS, HEAD_DIM, device="cuda", dtype=dtype)
             seq_lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
             qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
-            ms = bench_ms(lambda: paged_attention_triton(q, k_cache, v_cache, tables, seq_lens, qsl, scale))
+            fn = lambda: paged_attention_triton(q, k_cache, v_cache, tables, seq_lens, qsl, scale)  # noqa: E731
+            ms = bench_ms(fn)
+            graph_ms = bench_graph_ms(fn)
             nbytes = 2 * batch * context * KV_HEADS * HEAD_DIM * elt + 2 * q.numel() * elt
-            base = None
+            base = base_graph = None
             if batch * context <= BASELINE_MAX_KV_TOKENS:
-                base = bench_ms(sdpa_baseline(q, k_cache, v_cache, tables, context, 1, scale))
+                base_fn = sdpa_baseline(q, k_cache, v_cache, tables, context, 1, scale)
+                base, base_graph = bench_ms(base_fn), bench_graph_ms(base_fn)
             rows.append(row("attention decode", f"B={batch} ctx={context}", ms, base,
-                            gbs=nbytes / ms / 1e6, peaks=peaks, batch=batch, context=context))
+                            gbs=nbytes / ms / 1e6, peaks=peaks, batch=batch, context=context,
+                            graph_ms=graph_ms, graph_pct_peak=100 * nbytes / graph_ms / 1e6 / peaks["gbs"],
+                            torch_graph_ms=base_graph))
             del k_cache, v_cache
             torch.cuda.empty_cache()
     for chunk in ([2048, 8192] if quick else PREFILL_CHUNKS):
@@ -201,6 +222,18 @@ def print_table(rows: list[dict], peaks: dict) -> None:
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         print(f"{r['kernel']:<20} {r['shape']:<28} {r['triton_ms']:>10.4f} "
               f"{r['rate']:>8.1f} {r['unit']:<7} {r['pct_peak']:>6.1f}% {torch_ms:>10} {speedup:>8}")
+    graphed = [r for r in rows if r.get("graph_ms")]
+    if graphed:
+        print("\ndecode attention replayed in a CUDA graph (as the engine's decode steps run)")
+        head = f"{'shape':<28} {'triton ms':>10} {'% HBM peak':>10} {'torch ms':>10} {'speedup':>8}"
+        print(head)
+        print("-" * len(head))
+        for r in graphed:
+            base = r["torch_graph_ms"]
+            base_s = f"{base:.4f}" if base else "-"
+            speed_s = f"{base / r['graph_ms']:.2f}x" if base else "-"
+            print(f"{r['shape']:<28} {r['graph_ms']:>10.4f} {r['graph_pct_peak']:>9.1f}% "
+                  f"{base_s:>10} {speed_s:>8}")
 
 
 def plot(rows: list[dict], path: str) -> None:

@@ -13,7 +13,12 @@ by side (--cuda-graphs both).
 On CPU the device is the CPU, so the figure is the host work: engine step time minus the
 device step (the model forward and the sampling kernels, timed around the runner's
 `device_step`), per sequence per step, in wall µs and in this thread's CPU µs (steadier on
-a loaded machine). The forward alone (without sampling) is shown too.
+a loaded machine). The forward alone (without sampling) is shown too. `--stub-forward`
+replaces the model's forward with a stub that returns one-hot logits spelling ordinary
+text (the engine, detokenizer and sampler still do all their work): the forward's own
+allocations then cannot trigger Python's garbage collector inside the host part, which
+makes the host figure steady (with the real forward, single-sequence figures swing by
+hundreds of µs with the collector).
 """
 
 from __future__ import annotations
@@ -86,19 +91,47 @@ class DeviceTimer:
         self.wall = self.cpu = self.fwd_wall = self.fwd_cpu = 0.0
 
 
+STUB_TEXT = ("The engine keeps one row per running request and sends a step's inputs to the "
+             "device in one copy; the scheduler mixes decodes and prefill chunks under a token "
+             "budget, and finished requests free their blocks at once. ")
+
+
+def stub_forward(eng) -> None:
+    """Replace the model forward with one-hot logits that spell STUB_TEXT, each sequence
+    from its own offset: ordinary text, so detokenization does its usual work."""
+    import torch
+
+    vocab = eng.model.config.vocab_size
+    text = torch.tensor(eng.tokenizer.encode(STUB_TEXT * 4, add_special_tokens=False))
+
+    def forward(input_ids, positions, meta, kv_caches, logits_indices):
+        rows = logits_indices.shape[0]
+        logits = torch.zeros(rows, vocab)
+        at = (positions[logits_indices].long() + input_ids[logits_indices].long()) % len(text)
+        logits[torch.arange(rows), text[at]] = 1.0
+        return logits
+
+    eng.model.forward = forward
+
+
 def profile_cpu(eng, batch: int, steps: int) -> dict:
     timer = DeviceTimer(eng)
     for _ in range(2):
         eng.step()
     timer.reset()
+    per_step = []  # host wall of each step: its median shrugs off other jobs' preemptions
     w, c = time.perf_counter(), time.thread_time()
     for _ in range(steps):
+        s, d = time.perf_counter(), timer.wall
         eng.step()
+        per_step.append((time.perf_counter() - s) - (timer.wall - d))
     wall, cpu = time.perf_counter() - w, time.thread_time() - c
     per = 1e6 / (steps * batch)
+    per_step.sort()
     return dict(batch=batch, step_ms=wall / steps * 1e3, forward_ms=timer.fwd_wall / steps * 1e3,
                 device_ms=timer.wall / steps * 1e3,
                 host_us_seq=(wall - timer.wall) * per, host_cpu_us_seq=(cpu - timer.cpu) * per,
+                host_median_us_seq=per_step[len(per_step) // 2] * 1e6 / batch,
                 host_incl_sampling_us_seq=(wall - timer.fwd_wall) * per,
                 tok_s=batch * steps / wall)
 
@@ -116,7 +149,7 @@ def profile_cuda(eng, batch: int, steps: int) -> dict:
         eng.step()
     torch.cuda.synchronize()
     step_ms = (time.perf_counter() - t) / steps * 1e3
-    prof_steps = min(steps, 20)
+    prof_steps = min(steps, 10)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(prof_steps):
             eng.step()
@@ -127,6 +160,18 @@ def profile_cuda(eng, batch: int, steps: int) -> dict:
                 tok_s=batch / step_ms * 1e3)
 
 
+def free_device_memory(cuda: bool) -> None:
+    """An engine's runner and graphs reference each other: collect them, then hand the
+    memory back, so the next engine sizes its KV cache from a clean GPU."""
+    import gc
+
+    gc.collect()
+    if cuda:
+        import torch
+
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--batch-sizes", default="1,32,256")
@@ -134,6 +179,8 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=None, help="default 128 on CUDA, 32 on CPU")
     p.add_argument("--steps", type=int, default=None, help="measured decode steps (default 50 CUDA, 10 CPU)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--stub-forward", action="store_true",
+                   help="CPU: a stub instead of the model forward (steady host figures)")
     p.add_argument("--kv-cache-mib", type=int, default=None,
                    help="KV budget (default: CUDA: the engine's own sizing; CPU: enough for every request)")
     args = p.parse_args()
@@ -153,12 +200,15 @@ def main() -> None:
     for graphs in modes:
         for batch in batches:
             eng = build_engine(path, args, batch, graphs, max_tokens=steps + 64)
+            if args.stub_forward:
+                stub_forward(eng)
             fill(eng, batch, args.prompt_len, max_tokens=steps + 64, vocab=vocab, seed=args.seed)
             r = profile_cuda(eng, batch, steps) if cuda else profile_cpu(eng, batch, steps)
             r["cuda_graphs"] = graphs
             results.append(r)
             print(f"  batch {batch}: {r['step_ms']:.2f} ms/step", flush=True)
             del eng
+            free_device_memory(cuda)
     if cuda:
         rows = [("on" if r["cuda_graphs"] else "off", r["batch"], r["step_ms"], r["gpu_ms"],
                  f"{r['busy']:.0%}", r["tok_s"]) for r in results]
@@ -166,10 +216,11 @@ def main() -> None:
                                                   "GPU kernel ms/step", "GPU busy", "tok/s"))
     else:
         rows = [(r["batch"], r["step_ms"], r["forward_ms"], r["device_ms"], r["host_us_seq"],
-                 r["host_cpu_us_seq"], r["host_incl_sampling_us_seq"], r["tok_s"]) for r in results]
+                 r["host_median_us_seq"], r["host_cpu_us_seq"], r["host_incl_sampling_us_seq"],
+                 r["tok_s"]) for r in results]
         print_table("Decode step on CPU: host work per sequence (device step = forward + sampling)",
                     rows, ("sequences", "step ms", "forward ms", "device step ms",
-                           "host us/seq/step", "host CPU us/seq/step",
+                           "host us/seq/step", "median step", "host CPU us/seq/step",
                            "host+sampling us/seq/step", "tok/s"))
     print(machine_note())
     write_json(args.json, {"args": vars(args), "results": results, "machine": machine_note()})

@@ -1,11 +1,17 @@
 """Throughput: this engine vs Hugging Face `generate()` with static batches, same workload.
 
     .venv/bin/python benchmarks/throughput.py [--json out.json] [--plot out.png]
+    python benchmarks/throughput.py --device cuda --dtype bfloat16 --model DIR \
+        --num-requests 2048 --max-num-seqs 256 --max-num-batched-tokens 8192 \
+        --kv-cache-mib 0 --hf-batch-size 64 --hf-num-requests 512
 
 Workload (issue 3): 64 requests, prompt lengths uniform 16-256 tokens, output lengths
 lognormal (median 48, clipped 8-256), greedy, ignore_eos, SmolLM2-135M fp32 on CPU. The
 baseline pads each static batch on the left and runs it to its longest output; both sides
-count only the tokens each request asked for.
+count only the tokens each request asked for. `--hf-num-requests N` runs the baseline on
+the first N requests only (its tok/s hardly depends on how many batches it runs; a GPU
+check has minutes, not the half hour HF needs for 2,048 requests). `--kv-cache-mib 0`
+lets the engine size its KV cache (on CUDA: from free GPU memory).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ def run_engine(path, prompts, outputs, args) -> dict:
     eng = Engine(EngineConfig(model=path, dtype=args.dtype, device=args.device,
                               max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens,
-                              kv_cache_bytes=args.kv_cache_mib << 20,
+                              kv_cache_bytes=(args.kv_cache_mib << 20) or None,
                               enable_prefix_caching=False, seed=args.seed))
     eng.generate([prompts[0][:32]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm up
     params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in outputs]
@@ -45,8 +51,10 @@ def run_engine(path, prompts, outputs, args) -> dict:
             for out in eng.step():
                 if out.finished:
                     finals[out.request_id] = out
-            s = eng.stats()
             steps += 1
+            if steps % args.stats_every:
+                continue
+            s = eng.stats()
             peak_blocks = max(peak_blocks, s["kv_blocks_used"])
             if s["kv_blocks_used"]:
                 waste.append(s["kv_waste"])
@@ -57,7 +65,7 @@ def run_engine(path, prompts, outputs, args) -> dict:
     ttft = sorted(f.first_token_time - f.arrival_time for f in finals.values())
     return {"wall_s": t.elapsed, "output_tokens": out_tokens, "tok_s": out_tokens / t.elapsed,
             "cpu_s": t.cpu, "tok_per_cpu_s": out_tokens / t.cpu, "steps": steps, "kv_blocks_total": eng.num_kv_blocks, "kv_blocks_peak": peak_blocks,
-            "kv_waste_mean": sum(waste) / len(waste), "kv_waste_max": max(waste),
+            "kv_waste_mean": sum(waste) / len(waste) if waste else 0.0, "kv_waste_max": max(waste, default=0.0),
             "preemptions": eng.stats()["preemptions"], "ttft_p50_s": ttft[len(ttft) // 2],
             "kv_blocks_used_series": used_samples, "time_series": t_series}
 
@@ -66,7 +74,7 @@ def run_hf(path, prompts, outputs, args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
     pad = 0
 
@@ -89,7 +97,8 @@ def run_hf(path, prompts, outputs, args) -> dict:
             out_tokens += sum(min(L, gen.shape[1] - max(map(len, batch))) for L in lens)
     assert out_tokens == sum(outputs)
     return {"wall_s": t.elapsed, "output_tokens": out_tokens, "tok_s": out_tokens / t.elapsed,
-            "cpu_s": t.cpu, "tok_per_cpu_s": out_tokens / t.cpu, "batch_size": bs}
+            "cpu_s": t.cpu, "tok_per_cpu_s": out_tokens / t.cpu, "batch_size": bs,
+            "requests": len(prompts)}
 
 
 def main() -> None:
@@ -98,8 +107,14 @@ def main() -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--kv-cache-mib", type=int, default=1024)
     p.add_argument("--hf-batch-size", type=int, default=16)
+    p.add_argument("--hf-num-requests", type=int, default=None,
+                   help="run the baseline on the first N requests only (default: all)")
+    p.add_argument("--stats-every", type=int, default=None,
+                   help="sample engine stats (KV use) every N steps (default 1 on CPU, 16 on CUDA)")
     p.add_argument("--skip-hf", action="store_true")
     args = p.parse_args()
+    if args.stats_every is None:
+        args.stats_every = 16 if args.device.startswith("cuda") else 1
     setup_torch(args.threads, args.seed)
     import json
 
@@ -112,16 +127,24 @@ def main() -> None:
     print("running the engine ...", flush=True)
     eng = run_engine(path, prompts, outputs, args)
     print(f"  engine: {eng['wall_s']:.1f}s, {eng['tok_s']:.1f} output tok/s", flush=True)
+    if args.device.startswith("cuda"):  # the engine's KV cache took most of the GPU
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
     hf = None
     if not args.skip_hf:
         print(f"running HF generate, static batches of {args.hf_batch_size} ...", flush=True)
-        hf = run_hf(path, prompts, outputs, args)
+        k = args.hf_num_requests or len(prompts)
+        hf = run_hf(path, prompts[:k], outputs[:k], args)
     rows = [("engine (in-flight, paged)", len(prompts), eng["output_tokens"], eng["wall_s"], eng["tok_s"],
              eng["cpu_s"], eng["tok_per_cpu_s"],
              f"{eng['kv_blocks_peak']}/{eng['kv_blocks_total']}",
              f"{eng['kv_waste_mean']:.2%} (max {eng['kv_waste_max']:.2%})")]
     if hf:
-        rows.append((f"HF generate, static batch {hf['batch_size']}", len(prompts), hf["output_tokens"],
+        rows.append((f"HF generate, static batch {hf['batch_size']}", hf["requests"], hf["output_tokens"],
                      hf["wall_s"], hf["tok_s"], hf["cpu_s"], hf["tok_per_cpu_s"], "-", "-"))
     print_table("Throughput (issue 3 workload)", rows,
                 ("system", "requests", "output tokens", "wall s", "output tok/s", "CPU s",

@@ -13,6 +13,7 @@ NOTE: no global registry: two workers in one process (tests) never share a metri
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
@@ -56,9 +57,14 @@ class Metrics:
                         for n in GAUGES}
         self._last_summary = time.monotonic()
         self._server = None
+        self._lock = threading.Lock()
 
     def inc(self, name: str, n: float = 1) -> None:
-        self.values[name] += n
+        # NOTE: the worker's intake, engine and publisher threads all count; `+=` on a dict
+        # entry is not atomic, so the summary's copy takes a lock (prometheus_client's metrics lock
+        # themselves).
+        with self._lock:
+            self.values[name] += n
         self._counters[name].inc(n)
 
     def set(self, name: str, value: float) -> None:

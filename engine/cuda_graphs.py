@@ -63,6 +63,7 @@ class DecodeGraphs:
         self.inputs[2].zero_()
         self.inputs[3].fill_(-1)
 
+    @torch.inference_mode()
     def capture(self, pad_row: int) -> None:
         """Capture one CUDA graph per padded size, largest first, into one memory pool."""
         assert self.device.type == "cuda", "CUDA graphs need a CUDA device"

@@ -51,7 +51,13 @@ class IncrementalDetokenizer:
         # A seed ending inside a character would make the stream emit the seed's own text.
         while seed and self._hf.decode(seed, skip_special_tokens=True).endswith("\ufffd"):
             seed = seed[:-1]
-        return DecodeStream(ids=seed, skip_special_tokens=True)
+        try:
+            return DecodeStream(ids=seed, skip_special_tokens=True)
+        except TypeError:  # tokenizers before `ids=`: prime the window by stepping the seed
+            stream = DecodeStream(skip_special_tokens=True)
+            for token_id in seed:
+                stream.step(self._hf, token_id)
+            return stream
 
     @property
     def text(self) -> str:

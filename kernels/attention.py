@@ -16,6 +16,9 @@ row p % bs. Grouped-query attention: query head h reads KV head h // (Hq // Hkv)
 
     context of b:  [ cached ............ | new (q_len) ]
                     0                    ^ seq_len - q_len        ^ seq_len
+
+A sequence with one query and seq_len 0 is padding (CUDA-graph decode steps run padded
+batches): its output is zeros, and it reads no cache.
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         o = F.scaled_dot_product_attention(qd.float().view(Bd, Hq, 1, D), k, v,
                                            attn_mask=keep[:, None, None, :], scale=scale,
                                            enable_gqa=True).view(Bd, Hq, D).to(q.dtype)
+        if 0 in lens:  # padding rows (no context, so decodes): 0, as the kernel
+            o = o.masked_fill((lens_t == 0)[:, None, None], 0.0)
         if all_decode:
             return o
         out[rows] = o

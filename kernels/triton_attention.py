@@ -169,36 +169,51 @@ def _merge_splits_kernel(
     d_ok = d < HEAD_DIM
     m = tl.load(m_ptr + t * stride_mt + h * stride_mh + s, mask=s_ok, other=float("-inf"))
     l = tl.load(l_ptr + t * stride_mt + h * stride_mh + s, mask=s_ok, other=0.0)
-    m_max = tl.max(m, axis=0)      # finite: split 0 always sees key 0
+    m_max = tl.max(m, axis=0)
+    # NOTE: -inf only for a row with no context at all (a padding row of a CUDA-graph
+    # decode step): shift by 0 and divide by 1, so its output is 0, not NaN.
+    m_max = tl.where(m_max > float("-inf"), m_max, 0.0)
     w = tl.math.exp2(m - m_max)
     acc = tl.load(acc_ptr + t * stride_at + h * stride_ah + s[:, None] * stride_as + d[None, :],
                   mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    denom = tl.sum(l * w, axis=0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.where(denom > 0.0, denom, 1.0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 def _tile_config(T: int, B: int, group: int, head_dim: int, gpu: bool) -> tuple[int, int]:
     """(BLOCK_M, TILE_N). A tile's rows are BLOCK_Q tokens x GROUP heads: decode-heavy
     batches take 16 rows (one token per sequence would waste most of a bigger tile),
-    prefill-heavy ones (T >= 4 B tokens, no host sync) 64. Under the interpreter, 16-key
-    tiles keep the tests' short contexts multi-tile."""
+    prefill-heavy ones (T >= 4 B tokens, no host sync) 64. Decode tiles read 64 keys
+    (head dim <= 128): a decode program is a stream of K/V loads, and longer tiles keep
+    more bytes in flight per program. Under the interpreter, 16-key tiles keep the tests'
+    short contexts multi-tile."""
     prefill_heavy = T >= 4 * B
     block_m = max(64 if prefill_heavy and gpu else 16, triton.next_power_of_2(group))
     if not gpu:
         return block_m, 16
-    return block_m, 64 if prefill_heavy and head_dim <= 64 else 32
+    if prefill_heavy:
+        return block_m, 64 if head_dim <= 64 else 32
+    return block_m, 64 if head_dim <= 128 else 32
+
+
+MAX_SPLITS = 64
+PROGRAMS_PER_SM = 4
 
 
 def _choose_num_splits(programs: int, max_context: int, tile_n: int) -> int:
-    """Split the context only when the plain grid would leave most of the GPU idle and
-    there is enough context to share: a power of two (bounded compiles), <= 32."""
-    if max_context < 2048:
-        return 1
-    target = 2 * num_sms()
-    if programs >= target:
-        return 1
+    """Split each context into NUM_SPLITS ranges of tiles when the plain grid would leave
+    the GPU short of programs: a small-batch decode is a pure stream of K/V reads, and a
+    few programs per KV head cannot keep enough loads in flight (issue 9: B=1 reached
+    1-7% of HBM with at most 8 splits). Double the splits while the grid is under
+    PROGRAMS_PER_SM programs per SM and every split still has a tile of its own; a power
+    of two (bounded compiles), <= MAX_SPLITS. No host sync: `max_context` comes from the
+    block table's width, so an engine whose tables are as wide as the model's context
+    splits for the worst case (empty splits exit after writing an empty partial)."""
+    target = PROGRAMS_PER_SM * num_sms()
+    tiles = -(-max_context // tile_n)
     splits = 1
-    while splits < 32 and programs * splits < target and max_context // (2 * splits) >= 8 * tile_n:
+    while splits < MAX_SPLITS and programs * splits < target and tiles >= 2 * splits:
         splits *= 2
     return splits
 

@@ -103,6 +103,7 @@ def test_environment_values_are_accepted_by_settings(monkeypatch):
             monkeypatch.setenv(key, str(value))
     s = Settings()
     assert s.kafka_bootstrap == "kafka:9092" and s.dtype == "bfloat16"
+    assert s.kv_cache_bytes is None and 0 < s.kv_cache_memory_fraction <= 1  # KV from GPU memory
     assert s.database_url.startswith("postgresql+psycopg://")
 
 

@@ -61,3 +61,4 @@ def test_prometheus_scrapes_the_compose_services_on_their_ports():
     assert targets["inflight-worker"]["names"] == ["worker"] and targets["inflight-worker"]["port"] == 9400
     assert targets["inflight-recorder"]["names"] == ["recorder"]
     assert targets["inflight-recorder"]["port"] == 9401  # INFLIGHT_METRICS_PORT + 1
+    assert targets["inflight-api"]["names"] == ["api"] and targets["inflight-api"]["port"] == 8000

@@ -40,6 +40,8 @@ def drive(eng, work, abort_after=None):
     events, finals, streamed, seen = [], {}, {}, 0
     while todo or eng.has_unfinished():
         outs = eng.step()
+        # rows follow the running requests through admit/finish/preempt/resume/abort
+        assert set(eng.runner.batch.row_of) == set(eng.scheduler.running)
         for out in outs:
             events.append((out.request_id, tuple(out.new_token_ids), out.text_delta, out.finished,
                            out.finish_reason))

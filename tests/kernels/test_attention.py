@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from kernels.attention import paged_attention_ref
+from kernels.attention import paged_attention_ref, paged_attention_torch
 from kernels.triton_attention import _choose_num_splits, paged_attention_triton
 from tests.kernels.batches import make_batch
 
@@ -75,7 +75,7 @@ def test_split_kv_chosen_by_wrapper():
                        dtype=torch.float32, seed=6)
     pad = torch.full((2, 128 - batch.block_tables.shape[1]), 10**6, dtype=torch.int32)
     batch.block_tables = torch.cat([batch.block_tables, pad], dim=1)
-    assert _choose_num_splits(programs=(2 // 4 + 2) * 1, max_context=128 * 16, tile_n=16) == 16
+    assert _choose_num_splits(programs=(2 // 4 + 2) * 1, max_context=128 * 16, tile_n=16) == 64
     check(batch, torch.float32)
 
 
@@ -92,10 +92,14 @@ def test_empty_query_sequence_and_strided_q():
 
 
 def test_split_choice():
-    assert _choose_num_splits(programs=8, max_context=512, tile_n=32) == 1       # short
-    assert _choose_num_splits(programs=4096, max_context=32768, tile_n=32) == 1  # busy grid
-    assert _choose_num_splits(programs=8, max_context=32768, tile_n=32) == 32    # 1 seq, long
-    assert 1 < _choose_num_splits(programs=64, max_context=8192, tile_n=32) <= 8
+    # 132 SMs (no GPU here): splitting stops at 4 programs per SM, one tile per split, 64
+    assert _choose_num_splits(programs=8, max_context=512, tile_n=64) == 8       # a tile each
+    assert _choose_num_splits(programs=8, max_context=64, tile_n=64) == 1        # one tile
+    assert _choose_num_splits(programs=4096, max_context=32768, tile_n=64) == 1  # busy grid
+    assert _choose_num_splits(programs=8, max_context=2048, tile_n=64) == 32     # B=1, 8 KV heads
+    assert _choose_num_splits(programs=8, max_context=32768, tile_n=64) == 64    # 1 seq, long
+    assert _choose_num_splits(programs=64, max_context=8192, tile_n=64) == 16    # B=8
+    assert _choose_num_splits(programs=256 * 8, max_context=2048, tile_n=64) == 1  # B=256
 
 
 def test_gpu_tile_config(monkeypatch):
@@ -108,3 +112,38 @@ def test_gpu_tile_config(monkeypatch):
     batch = make_batch([(20, 30), (70, 1), (5, 9)], block_size=16, q_heads=8, kv_heads=2,
                        head_dim=64, dtype=torch.float16, seed=5, shared_blocks=1)
     check(batch, torch.float16)
+    # decodes: 16-row tiles of 64 keys, split by the wrapper (a tile per split)
+    assert ta._tile_config(T=3, B=3, group=4, head_dim=128, gpu=True) == (16, 64)
+    batch = make_batch([(130, 1), (70, 1), (5, 1)], block_size=16, q_heads=8, kv_heads=2,
+                       head_dim=128, dtype=torch.float16, seed=7)
+    assert ta._choose_num_splits(6, batch.block_tables.shape[1] * 16, 64) == 2
+    check(batch, torch.float16)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_padding_rows_give_zeros(num_splits):
+    """A CUDA-graph decode step pads its batch with rows of one query and no context
+    (seq_len 0, block table row of zeros): their output is 0 (never NaN), and the real
+    rows are untouched."""
+    batch = make_batch([(40, 1), (9, 1)], block_size=8, q_heads=4, kv_heads=2, head_dim=64,
+                       dtype=torch.float32, seed=8)
+    pad = 2
+    batch.q = torch.cat([batch.q, torch.randn(pad, 4, 64)])
+    batch.block_tables = torch.cat([batch.block_tables,
+                                    torch.zeros(pad, batch.block_tables.shape[1], dtype=torch.int32)])
+    batch.seq_lens = torch.cat([batch.seq_lens, torch.zeros(pad, dtype=torch.int32)])
+    batch.query_start_loc = torch.arange(5, dtype=torch.int32)
+    args = [t.to(DEVICE) for t in batch.args()]
+    scale = 64 ** -0.5
+    ref = paged_attention_ref(*args, scale)
+    out = paged_attention_triton(*args, scale, num_splits=num_splits)
+    # the torch path gathers whole table rows and blocks (then masks): give it valid pad
+    # ids and no NaN rows
+    q, k_cache, v_cache, tables, seq_lens, qsl = args
+    tables = torch.where(tables >= k_cache.shape[0], 0, tables)
+    out_torch = paged_attention_torch(q, k_cache.nan_to_num(), v_cache.nan_to_num(), tables,
+                                      seq_lens, qsl, scale)
+    for o in (out, out_torch):
+        assert not o.isnan().any()
+        assert (o[2:] == 0).all()
+        torch.testing.assert_close(o.float(), ref.float(), **TOL[torch.float32])

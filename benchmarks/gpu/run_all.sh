@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The GPU check (issue 9 and the engine's GPU figures) in ONE device call of <= 9 minutes.
+#
+#   here:        bash benchmarks/gpu/prepare.sh          (wheels -> .whl/, tokenizer -> .gpu/)
+#   device run:  command "bash benchmarks/gpu/run_all.sh", carry [".whl", ".gpu"], timeout_s 570
+#
+# Stages, in order of importance, each time-boxed (`timeout`) and all of them inside one
+# budget (GPU_CHECK_BUDGET_S, default 530 s): a stage that hangs costs its own box, never
+# the run; a stage that no longer fits is skipped and says so.
+#   install     the carried wheels into /tmp/site (the image lacks pydantic, orjson, ...)
+#   models      random-weight bf16 checkpoints: SmolLM2-135M shape and the "1B" shape
+#   tests       the GPU-only tests (tests/engine/test_cuda.py) and the kernel tests on CUDA
+#   profile-*   benchmarks/step_profile.py, batch 1/32/256, CUDA graphs on and off
+#   throughput-* benchmarks/throughput.py --device cuda, 2,048 requests vs HF static batches
+#   kernels     benchmarks/bench_kernels.py --quick (eager and CUDA-graph replay)
+# Everything lands in $OUT (at most 8 files come back): run_all.log (all output),
+# summary.md (the tables), results.json (all figures).
+#
+# GPU_CHECK_SMOKE=1 runs the same stages on CPU with tiny shapes (checks the plumbing
+# here; no figure of it means anything).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-/tmp/gpu-check-out}
+WORK=${GPU_CHECK_WORK:-/tmp/gpu-check}
+SMOKE=${GPU_CHECK_SMOKE:-0}
+BUDGET=${GPU_CHECK_BUDGET_S:-530}
+mkdir -p "$OUT" "$WORK/json"
+DEADLINE=$(( $(date +%s) + BUDGET ))
+LOG=$OUT/run_all.log
+exec > >(tee -a "$LOG") 2>&1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+# stage NAME LIMIT_S COMMAND...: run COMMAND with at most LIMIT_S seconds (less if the
+# budget is shorter), log its rc and time to $WORK/stages.tsv.
+stage() {
+    local name=$1 limit=$2
+    shift 2
+    local left=$(( DEADLINE - $(date +%s) - 5 ))
+    if (( left < 20 )); then
+        echo "=== $name: SKIPPED (budget spent)"
+        printf '%s\tskipped\t0\n' "$name" >> "$WORK/stages.tsv"
+        return 0
+    fi
+    (( limit > left )) && limit=$left
+    echo "=== $name (time box ${limit}s) $(date +%T)"
+    local t0=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@"
+    local rc=$?
+    local dt=$(( $(date +%s) - t0 ))
+    (( rc == 124 || rc == 137 )) && echo "=== $name: TIMED OUT after ${dt}s"
+    echo "=== $name: rc=$rc in ${dt}s"
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$dt" >> "$WORK/stages.tsv"
+    return 0
+}
+
+: > "$WORK/stages.tsv"
+echo "GPU check: $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), smoke=$SMOKE"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+# -- install -----------------------------------------------------------------------------
+if [ "$SMOKE" = 1 ]; then
+    PY=${PY:-$ROOT/.venv/bin/python}
+    [ -x "$PY" ] || PY=python3
+    export PYTHONPATH=$ROOT
+else
+    PY=python3
+    stage install 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=$ROOT:/tmp/site
+fi
+"$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+
+# -- models ------------------------------------------------------------------------------
+TOK=$ROOT/.gpu/tokenizer
+M135=$WORK/models/smollm2-135m-shape
+M1B=$WORK/models/1b-shape
+if [ "$SMOKE" = 1 ]; then
+    DEVICE=cpu DTYPE=float32
+    [ -d "$TOK" ] || TOK=$("$PY" -c "from inflight.model import ensure_default_model; print(ensure_default_model())")
+    SHAPE_135M=(--layers 2 --hidden 64 --heads 4 --kv-heads 2 --inter 128 --dtype float32)
+    SHAPE_1B=(--layers 3 --hidden 128 --heads 4 --kv-heads 2 --inter 256 --dtype float32)
+    BATCHES=1,4 STEPS=3 REQUESTS=8 HF_REQUESTS=4 SEQS=8 TOKENS=512
+else
+    DEVICE=cuda DTYPE=bfloat16
+    SHAPE_135M=()
+    SHAPE_1B=(--layers 16 --hidden 2048 --heads 32 --kv-heads 8 --inter 8192)
+    BATCHES=1,32,256 STEPS=30 REQUESTS=2048 HF_REQUESTS=512 SEQS=256 TOKENS=8192
+fi
+stage models 150 bash -c "'$PY' benchmarks/gpu/make_model.py '$M135' '$TOK' ${SHAPE_135M[*]} && \
+                          '$PY' benchmarks/gpu/make_model.py '$M1B' '$TOK' ${SHAPE_1B[*]}"
+
+# -- GPU tests ---------------------------------------------------------------------------
+if [ "$SMOKE" = 1 ]; then
+    stage tests 120 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py
+else
+    stage tests 180 "$PY" -m pytest -q -p no:cacheprovider -x tests/engine/test_cuda.py \
+        tests/kernels/test_engine_triton.py tests/kernels/test_attention.py \
+        tests/kernels/test_elementwise.py
+fi
+
+# -- decode step profile -------------------------------------------------------------------
+for shape in 1b 135m; do
+    model=$M1B; [ "$shape" = 135m ] && model=$M135
+    stage "profile-$shape" 110 "$PY" benchmarks/step_profile.py --model "$model" --device "$DEVICE" \
+        --dtype "$DTYPE" --batch-sizes "$BATCHES" --cuda-graphs both --steps "$STEPS" \
+        --json "$WORK/json/profile-$shape.json"
+done
+
+# -- throughput vs HF static batching --------------------------------------------------------
+for shape in 1b 135m; do
+    model=$M1B; [ "$shape" = 135m ] && model=$M135
+    stage "throughput-$shape" 140 "$PY" benchmarks/throughput.py --model "$model" --device "$DEVICE" \
+        --dtype "$DTYPE" --num-requests "$REQUESTS" --max-num-seqs "$SEQS" \
+        --max-num-batched-tokens "$TOKENS" --kv-cache-mib 0 --hf-batch-size 64 \
+        --hf-num-requests "$HF_REQUESTS" --json "$WORK/json/throughput-$shape.json"
+done
+
+# -- kernels ---------------------------------------------------------------------------------
+stage kernels 120 "$PY" benchmarks/bench_kernels.py --quick --json "$WORK/json/kernels.json"
+
+# -- summary -----------------------------------------------------------------------------------
+"$PY" benchmarks/gpu/summarize.py "$WORK" "$OUT"
+echo "GPU check done in $(( $(date +%s) - DEADLINE + BUDGET ))s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

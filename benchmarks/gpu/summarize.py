@@ -1,0 +1,113 @@
+"""Merge the GPU check's JSON figures into OUT/results.json and OUT/summary.md (tables with
+the issue-9 targets beside them).
+
+usage: summarize.py WORK_DIR OUT_DIR   (run by benchmarks/gpu/run_all.sh)
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+
+def load(work: pathlib.Path) -> dict:
+    data = {"stages": []}
+    tsv = work / "stages.tsv"
+    if tsv.is_file():
+        for line in tsv.read_text().splitlines():
+            name, rc, secs = line.split("\t")
+            data["stages"].append({"stage": name, "rc": rc, "seconds": int(secs)})
+    for f in sorted((work / "json").glob("*.json")):
+        try:
+            data[f.stem] = json.loads(f.read_text())
+        except ValueError as exc:
+            data[f.stem] = {"error": f"unreadable: {exc}"}
+    return data
+
+
+def table(headers: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return out + [""]
+
+
+def verdict(ok: bool | None) -> str:
+    return "-" if ok is None else ("met" if ok else "NOT met")
+
+
+# (shape, batch) -> (max wall ms/step, min GPU busy) from issue 9's "done when"
+STEP_TARGETS = {("1b", 256): (2.5, 0.70), ("1b", 1): (1.5, None), ("135m", 256): (1.5, None)}
+
+
+def summarize(data: dict) -> list[str]:
+    md = ["# GPU check", ""]
+    md += table(["stage", "rc", "seconds"],
+                [[s["stage"], s["rc"], s["seconds"]] for s in data["stages"]])
+    rows = []
+    for shape in ("1b", "135m"):
+        for r in data.get(f"profile-{shape}", {}).get("results", []):
+            if "gpu_ms" not in r:  # CPU (smoke) run: host figures only
+                rows.append([shape, "-", r["batch"], f"{r['step_ms']:.2f}", "-", "-",
+                             f"{r['tok_s']:.0f}", "-"])
+                continue
+            target = STEP_TARGETS.get((shape, r["batch"])) if r["cuda_graphs"] else None
+            ok = None
+            if target:
+                ok = r["step_ms"] <= target[0] and (target[1] is None or r["busy"] >= target[1])
+            want = (f"<= {target[0]} ms" + (f", busy >= {target[1]:.0%}" if target[1] else "")
+                    if target else "")
+            rows.append([shape, "on" if r["cuda_graphs"] else "off", r["batch"],
+                         f"{r['step_ms']:.2f}", f"{r['gpu_ms']:.3f}", f"{r['busy']:.0%}",
+                         f"{r['tok_s']:.0f}", f"{want} {verdict(ok)}".strip()])
+    md += ["## Decode step (benchmarks/step_profile.py)", ""]
+    md += table(["shape", "CUDA graphs", "sequences", "wall ms/step", "GPU kernel ms/step",
+                 "GPU busy", "tok/s", "target"], rows)
+    rows = []
+    for shape in ("1b", "135m"):
+        t = data.get(f"throughput-{shape}")
+        if not t or "engine" not in t:
+            continue
+        e, h = t["engine"], t.get("hf") or {}
+        ratio = t.get("ratio")
+        on_gpu = str(t.get("args", {}).get("device", "")).startswith("cuda")
+        ok = ratio >= 20 if h and on_gpu else None
+        rows.append([shape, e.get("output_tokens"), f"{e['tok_s']:.0f}", f"{e['wall_s']:.1f}",
+                     h.get("requests", "-"), f"{h['tok_s']:.0f}" if h else "-",
+                     f"{ratio:.1f}x" if h else "-", f">= 20x {verdict(ok)}"])
+    md += ["## Throughput vs HF static batching (benchmarks/throughput.py)", ""]
+    md += table(["shape", "engine output tokens", "engine tok/s", "engine wall s",
+                 "HF requests", "HF tok/s", "ratio", "target"], rows)
+    k = data.get("kernels", {})
+    rows = []
+    for r in k.get("rows", []):
+        if r.get("kernel") != "attention decode" or not r.get("graph_ms"):
+            continue
+        base = r.get("torch_graph_ms")
+        ok = None
+        if r["batch"] == 1 and r["context"] >= 2048:
+            ok = r["graph_pct_peak"] >= 40 and (base is None or base >= r["graph_ms"])
+        elif base:
+            ok = base >= r["graph_ms"]
+        rows.append([r["shape"], f"{r['triton_ms']:.4f}", f"{r['graph_ms']:.4f}",
+                     f"{r['graph_pct_peak']:.1f}%", f"{base:.4f}" if base else "-",
+                     f"{base / r['graph_ms']:.2f}x" if base else "-", verdict(ok)])
+    md += ["## Decode attention (benchmarks/bench_kernels.py --quick)", "",
+           "Targets: B=1 at ctx >= 2k reaches 40% of HBM; no decode shape loses to torch.", ""]
+    md += table(["shape", "eager ms", "graph ms", "% HBM (graph)", "torch graph ms",
+                 "speedup", "target"], rows)
+    return md
+
+
+def main() -> int:
+    work, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    data = load(work)
+    (out / "results.json").write_text(json.dumps(data, indent=1, default=str))
+    md = "\n".join(summarize(data))
+    (out / "summary.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
