@@ -18,7 +18,51 @@ def engine_params(req: InferenceRequest) -> Any:
     p = req.params
     return EngineSamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
                                 top_k=p.top_k, seed=p.seed, stop=tuple(p.stop),
-                                stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos)
+                                stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos,
+                                logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs)
+
+
+LOGPROB_FLOOR = -9999.0  # OpenAI's stand-in for -inf (JSON has no infinities)
+
+
+class LogprobShaper:
+    """Engine logprob entries -> OpenAI's shapes (`{"content": [{token, logprob, bytes,
+    top_logprobs}]}`), with each token's text and bytes from the model's tokenizer, cached
+    per token id (the vocabulary is fixed)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._pieces: dict[int, tuple[str, list[int]]] = {}
+
+    def piece(self, token_id: int) -> tuple[str, list[int]]:
+        got = self._pieces.get(token_id)
+        if got is None:
+            raw = self.tokenizer.token_bytes(token_id)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:  # part of a character: OpenAI's notation
+                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            got = self._pieces[token_id] = (text, list(raw))
+        return got
+
+    def entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text, raw = self.piece(token_id)
+        lp = logprob if logprob == logprob and logprob > LOGPROB_FLOOR else LOGPROB_FLOOR
+        return {"token": text, "logprob": lp, "bytes": raw}
+
+    def position(self, e: Any) -> dict[str, Any] | None:
+        if e is None:
+            return None
+        d = self.entry(e.token_id, e.logprob)
+        d["top_logprobs"] = [self.entry(t, lp) for t, lp in e.top]
+        return d
+
+    def __call__(self, out: Any) -> tuple[dict | None, list | None]:
+        """(FinalEvent.logprobs, FinalEvent.prompt_logprobs) of a final engine output."""
+        lps = getattr(out, "logprobs", None)
+        plps = getattr(out, "prompt_logprobs", None)
+        return (None if lps is None else {"content": [self.position(e) for e in lps]},
+                None if plps is None else [self.position(e) for e in plps])
 
 
 # Settings field -> EngineConfig field, for the engine knobs a deployment sets from

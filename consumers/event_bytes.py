@@ -30,10 +30,12 @@ def status_event(request_id: str, attempt: str, worker: str, at: float) -> bytes
 
 
 def final_event(request_id: str, attempt: str, out: Any, *, worker: str,
-                batch_id: str | None, submitted_at: float | None, queued_at: float) -> bytes:
-    """The FinalEvent of a finished engine output (`out`: engine RequestOutput)."""
+                batch_id: str | None, submitted_at: float | None, queued_at: float,
+                logprobs: dict | None = None, prompt_logprobs: list | None = None) -> bytes:
+    """The FinalEvent of a finished engine output (`out`: engine RequestOutput); the
+    logprobs, when the request asked, already in OpenAI's shapes (engine_bridge.LogprobShaper)."""
     prompt = out.num_prompt_tokens
-    return orjson.dumps({
+    event = {
         "type": "final", "schema_version": SCHEMA_VERSION, "request_id": request_id,
         "attempt": attempt, "text": out.text, "token_ids": out.token_ids,
         "finish_reason": out.finish_reason,
@@ -42,7 +44,12 @@ def final_event(request_id: str, attempt: str, out: Any, *, worker: str,
         "timings": {"submitted_at": submitted_at, "queued_at": queued_at,
                     "scheduled_at": None, "first_token_at": out.first_token_time,
                     "finished_at": out.finish_time},
-        "worker": worker, "batch_id": batch_id})
+        "worker": worker, "batch_id": batch_id}
+    if logprobs is not None:
+        event["logprobs"] = logprobs
+    if prompt_logprobs is not None:
+        event["prompt_logprobs"] = prompt_logprobs
+    return orjson.dumps(event)
 
 
 def abort_event(request_id: str, attempt: str, *, worker: str, batch_id: str | None,

@@ -101,13 +101,17 @@ class _Ending:
 
 class Publisher:
     def __init__(self, settings: Settings, producer: Any, settled: queue.SimpleQueue, *,
-                 worker: str, metrics: Metrics, engine_metrics: EngineMetrics | None = None):
+                 worker: str, metrics: Metrics, engine_metrics: EngineMetrics | None = None,
+                 logprobs: Any = None):
+        """`logprobs`: engine_bridge.LogprobShaper of the engine's tokenizer (None: requests
+        that asked for logprobs get none)."""
         self.settings = settings
         self.producer = producer
         self.settled = settled
         self.worker = worker
         self.metrics = metrics
         self.engine_metrics = engine_metrics
+        self.shape_logprobs = logprobs
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_SIZE)
         self.topic_results = settings.topic_results
         self.topic_tokens = settings.topic_results_tokens
@@ -294,9 +298,12 @@ class Publisher:
                                out.error or "the engine failed this request")
             return
         try:
+            lps, prompt_lps = (self.shape_logprobs(out) if self.shape_logprobs is not None
+                               else (None, None))
             value = event_bytes.final_event(job.request_id, job.attempt, out, worker=self.worker,
                                             batch_id=job.batch_id, submitted_at=job.submitted_at,
-                                            queued_at=job.queued_at)
+                                            queued_at=job.queued_at, logprobs=lps,
+                                            prompt_logprobs=prompt_lps)
         except (orjson.JSONEncodeError, TypeError) as exc:
             self._engine_error(st, ERR_INTERNAL, f"the final event could not be encoded: {exc}")
             return

@@ -37,7 +37,7 @@ import time
 import uuid
 from typing import Any
 
-from consumers.engine_bridge import build_engine
+from consumers.engine_bridge import LogprobShaper, build_engine
 from consumers.engine_loop import EngineLike, EngineLoop
 from consumers.intake import Intake
 from consumers.engine_metrics import EngineMetrics
@@ -68,8 +68,10 @@ class Worker:
         self.engine_metrics = EngineMetrics(self.metrics.registry,
                                             os.path.basename(str(model)) if model else "unknown")
         settled: queue.SimpleQueue = queue.SimpleQueue()
+        tokenizer = getattr(engine, "tokenizer", None)
         self.publisher = Publisher(settings, None, settled, worker=self.name, metrics=self.metrics,
-                                   engine_metrics=self.engine_metrics)
+                                   engine_metrics=self.engine_metrics,
+                                   logprobs=LogprobShaper(tokenizer) if tokenizer is not None else None)
         self.engine_loop = EngineLoop(engine, self.publisher.queue,
                                       on_stats=self.engine_metrics.observe_stats)
         self.intake = Intake(settings, self.engine_loop, self.publisher.queue, settled,

@@ -33,6 +33,7 @@ import torch
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
+from engine.logprobs import ScoreOutput, StepLogprobs, TokenLogprob, extend_prompt_logprobs
 from engine.model import LlamaModel
 from engine.model_runner import ModelRunner, StepHandle
 from engine.outputs import RequestOutput
@@ -50,6 +51,10 @@ log = logging.getLogger(__name__)
 
 class DuplicateRequestError(InflightError, ValueError):
     """A request id is already active in this engine."""
+
+
+class ScoreError(InflightError, ValueError):
+    """A text given to `Engine.score` cannot be scored (empty, longer than the context)."""
 
 
 class Engine:
@@ -190,16 +195,18 @@ class Engine:
         if sched.is_empty:
             return outputs
         try:
-            samplers, tokens = self.runner.execute(sched)
+            handle, tokens = self.runner.execute(sched)
         except Exception as exc:  # noqa: BLE001 - one bad pass must not kill the engine's caller
             log.exception("forward pass failed")
             self._fail(sched.requests, exc, outputs)
             return outputs
+        samplers = handle.samplers
         self._advance(sched, len(samplers))
         self._cache_blocks(sched.requests)
         now = time.time()
+        lps = self._take_logprobs(handle.logprobs)
         for req, token in zip(samplers, tokens):
-            outputs.append(self._accept_token(req, token, now))
+            outputs.append(self._accept_token(req, token, now, lps.get(req)))
         if self.config.debug_checks:
             self.kv.check_invariants(list(self.requests.values()))
         return outputs
@@ -245,11 +252,12 @@ class Engine:
             self._fail([r for r in handle.requests if not r.is_finished], exc, outputs)
             return
         now = time.time()
+        lps = self._take_logprobs(handle.logprobs)
         for req, token in zip(handle.samplers, tokens):
             if req.is_finished:  # aborted or stopped while this step ran: drop the token
                 continue
             req.num_pending -= 1
-            outputs.append(self._accept_token(req, token, now))
+            outputs.append(self._accept_token(req, token, now, lps.get(req)))
 
     def _schedule(self, outputs: list[RequestOutput]):
         sched = self.scheduler.schedule()
@@ -282,7 +290,20 @@ class Engine:
         for req in reqs:
             outputs.append(self._finish(req, "error", f"forward pass failed: {exc!r}", ERR_ENGINE))
 
-    def _accept_token(self, req: Request, token: int, now: float) -> RequestOutput:
+    @staticmethod
+    def _take_logprobs(step: StepLogprobs | None) -> dict:
+        """The step's prompt logprobs go onto their requests; returns the sampled tokens'."""
+        if step is None:
+            return {}
+        for req, first, entries in step.prompt_entries:
+            if not req.is_finished:
+                extend_prompt_logprobs(req, first, entries)
+        return step.by_request
+
+    def _accept_token(self, req: Request, token: int, now: float,
+                      logprob: TokenLogprob | None = None) -> RequestOutput:
+        if req.logprobs is not None:
+            req.logprobs.append(logprob)
         req.output_token_ids.append(token)
         req.all_token_ids.append(token)
         if req.first_token_time is None:
@@ -305,7 +326,8 @@ class Engine:
         new, delta = [token], req.detok.take_delta(False)
         return RequestOutput(req.request_id, new, delta, new, delta, False, None, None,
                              req.num_prompt_tokens, max(req.num_cached_tokens, 0), [],
-                             req.arrival_time, req.first_token_time, None, req.num_preemptions)
+                             req.arrival_time, req.first_token_time, None, req.num_preemptions,
+                             logprobs=None if req.logprobs is None else [logprob])
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 error_code: str | None = None) -> RequestOutput:
@@ -325,7 +347,8 @@ class Engine:
         return RequestOutput(req.request_id, [], delta, req.output_token_ids, text, True,
                              reason, error, req.num_prompt_tokens, max(req.num_cached_tokens, 0),
                              req.prompt_token_ids, req.arrival_time, req.first_token_time,
-                             req.finish_time, req.num_preemptions, error_code)
+                             req.finish_time, req.num_preemptions, error_code,
+                             req.logprobs, req.prompt_logprobs)
 
     # -- offline use ------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
@@ -347,6 +370,18 @@ class Engine:
                 if out.finished and out.request_id in wanted:
                     finals[out.request_id] = out
         return [finals[i] for i in ids]
+
+    def score(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[ScoreOutput]:
+        """Per-token logprobs of each text (or token-id list) under the model, computed by
+        the engine's own forward (prompt logprobs, batched and chunked like any prefill):
+        `ScoreOutput.logprobs[i]` = log p(token i | tokens before it), `.perplexity`."""
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, prompt_logprobs=0)
+        outs = self.generate(prompts, params)
+        for out in outs:
+            if out.finish_reason == "error":
+                raise ScoreError(f"cannot score a prompt of {out.num_prompt_tokens} tokens: {out.error}")
+        return [ScoreOutput(list(o.prompt_token_ids),
+                            [None] + [e.logprob for e in o.prompt_logprobs[1:]]) for o in outs]
 
     def stats(self) -> dict:
         return self.counters.snapshot(self)

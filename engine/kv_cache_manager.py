@@ -46,8 +46,9 @@ class KVCacheManager:
     def find_cached_prefix(self, req: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of req's leading full blocks that is cached, and its token count.
         NOTE: stops one token short of the end: the last token is always recomputed, since
-        its logits are needed (a fully cached prompt recomputes its whole last block)."""
-        if not self.enable_caching:
+        its logits are needed (a fully cached prompt recomputes its whole last block).
+        A request that still needs prompt logprobs gets no hits (it needs every logit)."""
+        if not self.enable_caching or req.needs_prompt_logprobs:
             return [], 0
         self._update_hashes(req)
         max_blocks = (req.num_tokens - 1) // self.block_size

@@ -169,6 +169,17 @@ class LlamaModel:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 logits_indices: torch.Tensor) -> torch.Tensor:
         """input_ids/positions [T] -> fp32 logits [len(logits_indices), vocab]."""
+        return self.compute_logits(self.forward_hidden(input_ids, positions, meta, kv_caches, logits_indices))
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [R, hidden] -> fp32 logits [R, vocab]."""
+        return F.linear(h, self.lm_head).float()
+
+    def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                       kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                       rows: torch.Tensor) -> torch.Tensor:
+        """input_ids/positions [T] -> final-normed hidden states of `rows` [len(rows), hidden]
+        (the LM head is left to the caller: prompt logprobs take it in pieces)."""
         c, ops = self.config, self.ops
         T = input_ids.shape[0]
         h = F.embedding(input_ids, self.embed)
@@ -186,6 +197,6 @@ class LlamaModel:
             h = layer.o(o.reshape(T, self.q_size))
             x, residual = ops.rms_norm(h, layer.post_norm, c.rms_norm_eps, residual)
             h = layer.down(ops.silu_and_mul(layer.gate_up(x)))
-        # only the rows that sample need the final norm and the LM head
-        h, _ = ops.rms_norm(h[logits_indices], self.norm, c.rms_norm_eps, residual[logits_indices])
-        return F.linear(h, self.lm_head).float()
+        # only the rows that sample (or score) need the final norm and the LM head
+        h, _ = ops.rms_norm(h[rows], self.norm, c.rms_norm_eps, residual[rows])
+        return h

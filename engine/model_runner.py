@@ -40,6 +40,7 @@ import torch
 
 from engine.cuda_graphs import DecodeGraphs
 from engine.input_batch import InputBatch
+from engine.logprobs import StepLogprobs
 from engine.model import AttentionMetadata, LlamaModel
 from engine.request import Request
 from engine.sampler import SamplingBatch, sample
@@ -59,6 +60,7 @@ class StepHandle:
     sampled: torch.Tensor         # [n] device
     host_out: torch.Tensor | None = None  # pinned [n] (CUDA)
     event: torch.cuda.Event | None = None
+    logprobs: StepLogprobs | None = None  # when a request asked for logprobs (resolved by result)
 
 
 class ModelRunner:
@@ -109,10 +111,11 @@ class ModelRunner:
         self.batch.remove(req)
 
     # -- one step ------------------------------------------------------------------------
-    def execute(self, sched: SchedulerOutput) -> tuple[list[Request], list[int]]:
-        """Run one step; return the requests that sampled and their new token ids."""
+    def execute(self, sched: SchedulerOutput) -> tuple[StepHandle, list[int]]:
+        """Run one step; return its handle (`samplers`: the requests that sampled, and any
+        logprobs, resolved) and their new token ids."""
         handle = self.launch(sched)
-        return handle.samplers, self.result(handle)
+        return handle, self.result(handle)
 
     def launch(self, sched: SchedulerOutput, overlapped: bool = False) -> StepHandle:
         """Queue one step on the device. With `overlapped`, the next launch may come before
@@ -137,6 +140,10 @@ class ModelRunner:
         src_idx: list[int] = []
         samplers: list[Request] = []
         sample_pos: list[int] = []
+        lp_reqs: list[Request] = []    # samplers that asked for logprobs, and their rows
+        lp_pos: list[int] = []
+        prompt_rows: list[tuple[Request, int, int]] = []  # (req, start, stop): prompt logprobs
+        prompt_at: list[int] = []      # their token rows in the step
         width = 0
         pos = 0
         for i, (req, k) in enumerate(zip(reqs, ns)):
@@ -162,13 +169,21 @@ class ModelRunner:
                 ids.append(req.all_token_ids[start])
             else:
                 ids += req.all_token_ids[start:end]
+            if req.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
+                stop = min(end, req.num_prompt_tokens - 1)  # rows start..stop-1 score a prompt token
+                prompt_rows.append((req, start, stop))
+                prompt_at.extend(range(pos, pos + stop - start))
             pos += k
             if end == known + req.num_pending:
                 samplers.append(req)
                 sample_pos.append(i)
+                if req.logprobs is not None:
+                    lp_reqs.append(req)
+                    lp_pos.append(i)
         T = pos
         graphs = self.graphs
-        P = graphs.padded_size(n) if graphs is not None and T == n else None
+        # a step with prompt rows to score runs eagerly (the graphs return n rows only)
+        P = graphs.padded_size(n) if graphs is not None and T == n and not prompt_rows else None
         L = P or n        # rows in the packed inputs (padded for a graph step)
         TL = P or T
 
@@ -242,10 +257,14 @@ class ModelRunner:
             self.graphs.inputs[:, :P].copy_(dev[:4 * P].view(4, P))
             step_inputs = (P, None)
         else:
-            step_inputs = (None, (dev, n, T, width, o_qsl, bool(src_at)))
-        sampled = self.device_step(step_inputs, n, sampling)
+            extra = torch.tensor(prompt_at, dtype=torch.int64, device=self.device) if prompt_at else None
+            step_inputs = (None, (dev, n, T, width, o_qsl, bool(src_at), extra))
+        sampled, logits, prompt_hidden = self.device_step(step_inputs, n, sampling)
 
         handle = StepHandle(reqs, samplers, None if len(samplers) == n else sample_pos, sampled)
+        if lp_pos or prompt_rows:
+            handle.logprobs = StepLogprobs.compute(self.model, logits, sampled, lp_reqs, lp_pos,
+                                                   prompt_rows, prompt_hidden)
         if overlapped:
             self.sampled[:n].copy_(sampled)
             self._prev_index = {req: sample_pos[j] for j, req in enumerate(samplers)}
@@ -267,21 +286,25 @@ class ModelRunner:
             tokens = handle.host_out[:n].tolist()
         else:
             tokens = handle.sampled.tolist()
+        if handle.logprobs is not None:
+            handle.logprobs.resolve(handle.requests, tokens)
         if handle.sample_pos is None:
             return tokens
         return [tokens[i] for i in handle.sample_pos]
 
     # -- the device step: forward + sampling (what a profile calls "device work") -----------
-    def device_step(self, step_inputs, n: int, sampling: SamplingBatch) -> torch.Tensor:
+    def device_step(self, step_inputs, n: int, sampling: SamplingBatch):
+        """-> (sampled ids [n], logits [n, vocab], hidden states of the extra prompt rows or None)."""
         P, eager = step_inputs
+        hidden = None
         if P is not None:
             logits = self.graphs.run(P)[:n]
         else:
-            logits = self._eager_forward(*eager)
-        return sample(logits, sampling, self.generator)
+            logits, hidden = self._eager_forward(*eager)
+        return sample(logits, sampling, self.generator), logits, hidden
 
     def _eager_forward(self, dev: torch.Tensor, n: int, T: int, width: int, o_qsl: int,
-                       has_src: bool) -> torch.Tensor:
+                       has_src: bool, extra: torch.Tensor | None = None):
         rows = dev[:n]
         seq_lens = dev[n:2 * n]
         ids = dev[2 * n:2 * n + T]
@@ -301,7 +324,11 @@ class ModelRunner:
         slots = block_tables[token_req, positions // bs].long() * bs + positions % bs
         meta = AttentionMetadata(slot_mapping=slots, block_tables=block_tables, seq_lens=seq_lens,
                                  query_start_loc=qsl)
-        return self.model.forward(ids, positions, meta, self.kv_caches, qsl[1:].long() - 1)
+        last = qsl[1:].long() - 1
+        if extra is None:
+            return self.model.forward(ids, positions, meta, self.kv_caches, last), None
+        h = self.model.forward_hidden(ids, positions, meta, self.kv_caches, torch.cat([last, extra]))
+        return self.model.compute_logits(h[:n]), h[n:]
 
     def _decode_body(self, inputs: torch.Tensor) -> torch.Tensor:
         """The padded decode forward on static buffers `inputs` [4, P] (see cuda_graphs.py)."""

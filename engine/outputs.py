@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.logprobs import TokenLogprob
+
 
 @dataclass(slots=True)
 class RequestOutput:
@@ -18,6 +20,10 @@ class RequestOutput:
     NOTE: on non-final outputs `token_ids` and `text` are the delta too (the same objects
     as `new_token_ids` / `text_delta`): copying the whole output into every step's output
     made streaming quadratic. Read the deltas while streaming, the totals on the final.
+
+    `logprobs` (when the request asked for them): one entry per token of `token_ids`, so a
+    delta's on a non-final output and all of them on the final one. `prompt_logprobs`: on
+    the final output only, one per prompt token, the first None.
     """
 
     request_id: str
@@ -36,6 +42,8 @@ class RequestOutput:
     finish_time: float | None = None
     num_preemptions: int = 0
     error_code: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def ttft(self) -> float | None:

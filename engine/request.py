@@ -63,9 +63,17 @@ class Request:
     # prompt + max_tokens, capped by the model context (set by the engine): the token at
     # position max_num_tokens - 1 ends the request, so its K/V is never computed.
     max_num_tokens: int = 1 << 62
+    # asked for by params.logprobs / prompt_logprobs (engine/logprobs.py); the prompt's list
+    # starts with None (the first token has no context) and grows chunk by chunk
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        if self.params.logprobs is not None:
+            self.logprobs = []
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -87,6 +95,12 @@ class Request:
         if self.num_pending:
             n = min(n + self.num_pending, self.max_num_tokens - 1 - self.num_computed_tokens)
         return n
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for prompt logprobs and some are still to compute (then the prompt is
+        computed, not taken from the prefix cache: cached positions have no logits)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.logprobs import MAX_LOGPROBS
 from schemas.errors import InflightError
 
 
@@ -18,6 +19,11 @@ class SamplingParams:
     temperature 0 = greedy; top_k <= 0 = off; top_p 1 = off; `seed` makes sampling
     reproducible whatever else is in the batch; `stop` strings are not included in the
     output text; EOS ends generation unless `ignore_eos`.
+
+    `logprobs`: None = off; n = the log-probability of each sampled token plus the n most
+    likely alternatives (0..20). `prompt_logprobs`: the same for each prompt token given the
+    ones before it (the first has none); such a request recomputes its whole prompt instead
+    of taking prefix-cache hits. Both are the model's raw logprobs (engine/logprobs.py).
     """
 
     max_tokens: int = 256
@@ -28,6 +34,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -49,6 +57,11 @@ class SamplingParams:
             raise SamplingParamsError(f"stop={self.stop!r}: every stop string must be non-empty")
         if any(t < 0 for t in self.stop_token_ids):
             raise SamplingParamsError(f"stop_token_ids={self.stop_token_ids!r} must be >= 0")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_LOGPROBS):
+                raise SamplingParamsError(f"{name}={n!r} must be None (off) or an integer in "
+                                          f"[0, {MAX_LOGPROBS}] (alternatives per token)")
 
     @property
     def greedy(self) -> bool:

@@ -7,6 +7,7 @@ else plain ChatML when the vocabulary has <|im_start|> (SmolLM2, Qwen).
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 from typing import Sequence
@@ -24,6 +25,7 @@ class Tokenizer:
             raise ModelError(f"{folder} has no tokenizer.json (the engine reads the fast "
                              "tokenizer file of the model folder)")
         self.hf = HFTokenizer.from_file(str(path))
+        self._byte_level: bool | None = None  # is the decoder GPT-2 byte-level (token_bytes)
         cfg_path = folder / "tokenizer_config.json"
         self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         template_file = folder / "chat_template.jinja"  # transformers >= 4.50 saves it apart
@@ -49,6 +51,25 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a byte-level BPE piece may be part of a UTF-8
+        character, so this is not always text)."""
+        piece = self.hf.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level is None:
+            self._byte_level = type(self.hf.decoder).__name__ == "ByteLevel"
+        if self._byte_level:
+            table = _gpt2_unicode_to_byte()
+            if all(ch in table for ch in piece):
+                return bytes(table[ch] for ch in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # byte fallback
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return self.hf.decode([token_id], skip_special_tokens=False).encode()
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
@@ -68,3 +89,18 @@ class Tokenizer:
             raise ModelError("this model folder has no chat template: send a plain prompt")
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+@functools.lru_cache(maxsize=1)
+def _gpt2_unicode_to_byte() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: printable bytes stand for themselves, the others are
+    shifted to code points 256 and up (the table `tokenizers`' ByteLevel uses)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars = keep[:]
+    extra = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars)}

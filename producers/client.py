@@ -70,6 +70,7 @@ class Result:
     worker: str | None = None
     created_at: float | None = None
     finished_at: float | None = None
+    logprobs: dict[str, Any] | None = None  # requests.logprobs (see store.rows.logprobs_column)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -271,7 +272,8 @@ class Client:
                       error_code=row.error_code, token_ids=row.output_token_ids,
                       batch_id=row.batch_id, worker=row.worker,
                       created_at=row.created_at.timestamp() if row.created_at else None,
-                      finished_at=row.finished_at.timestamp() if row.finished_at else None)
+                      finished_at=row.finished_at.timestamp() if row.finished_at else None,
+                      logprobs=row.logprobs)
 
     def wait(self, request_id: str, timeout: float | None = None, poll_s: float = 0.1) -> Result:
         """Poll the store until the request is final or `timeout` seconds pass; returns the

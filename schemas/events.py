@@ -66,6 +66,27 @@ class Timings(WireModel):
 AttemptId = Annotated[str, Field(min_length=1, max_length=128)]
 
 
+class TopLogprob(WireModel):
+    """One candidate token (OpenAI's `top_logprobs` item). `bytes`: the token's UTF-8
+    bytes; `token` is their text, or "bytes:\\xNN..." when they are not valid UTF-8 alone."""
+
+    token: str
+    logprob: float
+    bytes: list[Annotated[int, Field(ge=0, le=255)]] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    """One position of the output (or prompt): the chosen token and the top alternatives."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class Logprobs(WireModel):
+    """OpenAI's `choice.logprobs` of a chat completion: one entry per output token."""
+
+    content: list[TokenLogprob] | None = None
+
+
 class TokenEvent(WireModel):
     """New tokens of one request since its previous token event (a coalesced delta).
 
@@ -109,6 +130,10 @@ class FinalEvent(WireModel):
     timings: Timings = Field(default_factory=Timings)
     worker: str | None = Field(default=None, max_length=256)
     batch_id: WireId | None = None
+    # when the request asked (SamplingParams.logprobs / prompt_logprobs); the model's raw
+    # log-probabilities. prompt_logprobs[0] is None: the first token has no context.
+    logprobs: Logprobs | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class ErrorEvent(WireModel):

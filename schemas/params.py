@@ -13,6 +13,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 SEED_MAX = 2**63 - 1
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
 
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
@@ -29,6 +30,10 @@ class SamplingParams(WireModel):
     - `stop`: a string or a list of strings (<= 16, each 1..256 chars); decoded to a list.
     - `stop_token_ids`: extra token ids that end generation (besides EOS).
     - `ignore_eos`: keep generating past EOS until `max_tokens` (benchmarks).
+    - `logprobs`: None = off; n (0..20) = each output token's log-probability plus the n
+      most likely alternatives (FinalEvent.logprobs, OpenAI's choice.logprobs shape).
+    - `prompt_logprobs`: the same for each prompt token (FinalEvent.prompt_logprobs); such a
+      request recomputes its prompt rather than reading the prefix cache.
     """
 
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -41,6 +46,8 @@ class SamplingParams(WireModel):
         default_factory=list, max_length=MAX_STOP_STRINGS)
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     @field_validator("stop", mode="before")
     @classmethod

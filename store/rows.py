@@ -47,7 +47,19 @@ def final_row(event: FinalEvent) -> dict[str, Any]:
             "usage": event.usage.model_dump(mode="json"),
             "timings": t.model_dump(mode="json"), "worker": event.worker,
             "started_at": _ts(t.scheduled_at if t.scheduled_at is not None else t.queued_at),
-            "finished_at": _ts(t.finished_at)}
+            "finished_at": _ts(t.finished_at), "logprobs": logprobs_column(event)}
+
+
+def logprobs_column(event: FinalEvent) -> dict[str, Any] | None:
+    """`requests.logprobs`: OpenAI's choice.logprobs object ({"content": [...]}) of the
+    output, plus "prompt_logprobs" when the request asked for those; None when neither."""
+    if event.logprobs is None and event.prompt_logprobs is None:
+        return None
+    col = event.logprobs.model_dump(mode="json") if event.logprobs is not None else {"content": None}
+    if event.prompt_logprobs is not None:
+        col["prompt_logprobs"] = [None if e is None else e.model_dump(mode="json")
+                                  for e in event.prompt_logprobs]
+    return col
 
 
 def error_row(event: ErrorEvent, *, now: float | None = None) -> dict[str, Any]:

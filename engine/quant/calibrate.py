@@ -130,8 +130,10 @@ def gptq_model(get: Callable[[str], torch.Tensor | None], cfg: ModelConfig, quan
             m = normed(p, "post_attention_layernorm")
             return F.silu(w.linear(m, "mlp.gate_proj")) * w.linear(m, "mlp.up_proj")
 
-        quantize(("mlp.down_proj",), _hessian(act, x, cfg.intermediate_size))
-        x = torch.cat([p + w.linear(act(p), "mlp.down_proj") for p in _chunks(x)])
+        mid = torch.cat([act(p) for p in _chunks(x)])
+        quantize(("mlp.down_proj",), _hessian(lambda p: p, mid, cfg.intermediate_size))
+        x = x + w.linear(mid, "mlp.down_proj")
+        del mid
         log(f"layer {i + 1}/{cfg.num_layers}: gptq {quant.scheme}"
             f"{'' if quant.group_size is None else f' g{quant.group_size}'} "
             f"on {windows.numel()} tokens, {time.monotonic() - t0:.1f}s")

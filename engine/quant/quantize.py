@@ -64,8 +64,10 @@ def _check_source(src: pathlib.Path) -> tuple[dict, ModelConfig]:
     return raw, ModelConfig.from_folder(src)  # unsupported architectures / foreign formats raise
 
 
-def _rtn(w: torch.Tensor, quant: QuantConfig) -> QuantizedWeight:
-    return quantize_w8(w) if quant.scheme == "w8" else quantize_w4(w, quant.group_size)
+def _rtn(w: torch.Tensor, quant: QuantConfig, device: str) -> QuantizedWeight:
+    w = w.to(device)
+    qw = quantize_w8(w) if quant.scheme == "w8" else quantize_w4(w, quant.group_size)
+    return QuantizedWeight(*(None if t is None else t.cpu() for t in (qw.qweight, qw.scales, qw.zeros)))
 
 
 def _sixteen_bit(t: torch.Tensor) -> torch.Tensor:
@@ -75,10 +77,11 @@ def _sixteen_bit(t: torch.Tensor) -> torch.Tensor:
 def quantize_model(src: str | os.PathLike, out: str | os.PathLike, quant: QuantConfig,
                    calib: str | os.PathLike | None = None, num_samples: int = CALIB_SAMPLES,
                    seq_len: int = CALIB_SEQ_LEN,
-                   progress: Callable[[str], None] | None = None) -> pathlib.Path:
+                   progress: Callable[[str], None] | None = None, device: str = "cpu") -> pathlib.Path:
     """Quantize the model folder `src` into the new folder `out` and return its path.
     GPTQ calibrates on `num_samples` windows of `seq_len` tokens of the stdlib docstring
-    text (engine/quant/calibration.py), or of the text file `calib`."""
+    text (engine/quant/calibration.py), or of the text file `calib`. `device`: where
+    round-to-nearest runs ("cuda" for big models; GPTQ runs on the CPU)."""
     src, out = pathlib.Path(src), pathlib.Path(out)
     say = progress or log.info
     raw, cfg = _check_source(src)
@@ -116,7 +119,7 @@ def quantize_model(src: str | os.PathLike, out: str | os.PathLike, quant: QuantC
             t1 = time.monotonic()
             for name in LINEAR_NAMES:
                 full = f"model.layers.{i}.{name}"
-                quantized[full] = _rtn(tensors[full + ".weight"], quant)
+                quantized[full] = _rtn(tensors[full + ".weight"], quant, device)
             say(f"layer {i + 1}/{cfg.num_layers}: rtn {quant.label} {time.monotonic() - t1:.2f}s")
     quant = QuantConfig(quant.scheme, quant.group_size, quant.method, calibration)
 

@@ -71,8 +71,8 @@ def quantize_w8(w: torch.Tensor) -> QuantizedWeight:
 def quantize_w4(w: torch.Tensor, group_size: int) -> QuantizedWeight:
     w = w.float()
     n, k = w.shape
-    q = torch.empty(n, k)
-    scales = torch.empty(n, num_groups(k, group_size))
+    q = torch.empty(n, k, device=w.device)
+    scales = torch.empty(n, num_groups(k, group_size), device=w.device)
     zeros = torch.empty_like(scales)
     for g, start in enumerate(range(0, k, group_size)):
         part = w[:, start:start + group_size]

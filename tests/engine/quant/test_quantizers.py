@@ -42,9 +42,10 @@ def test_w4_rtn_groups_hold_their_range_and_zero():
     assert (deq[:, 5] == 0).all()
 
 
+@pytest.mark.parametrize("act_order", [True, False])
 @pytest.mark.parametrize("quant", [QuantConfig("w8", method="gptq"), QuantConfig("w4", 32, "gptq")],
                          ids=["w8", "w4-g32"])
-def test_gptq_cuts_the_output_error_of_rtn(quant):
+def test_gptq_cuts_the_output_error_of_rtn(quant, act_order):
     """On correlated inputs GPTQ's layer outputs sit closer to the full-precision ones than
     round-to-nearest's (the reason to use it), and what it returns is what it stores."""
     k, n = 96, 48
@@ -54,7 +55,7 @@ def test_gptq_cuts_the_output_error_of_rtn(quant):
     acc = HessianAccumulator(k)
     for part in x.split(512):
         acc.add(part)
-    qw, deq = gptq_quantize(w, acc.hessian(), quant)
+    qw, deq = gptq_quantize(w, acc.hessian(), quant, act_order=act_order)
     if quant.scheme == "w8":
         rtn = quantize_w8(w)
         w_rtn = dequantize_w8(rtn.qweight, rtn.scales, torch.float32)
