@@ -1,6 +1,11 @@
 """Whole service path vs the engine alone, same workload, same run.
 
     .venv/bin/python benchmarks/service.py [--threads N] [--json out.json] [--skip-postgres]
+    .venv/bin/python benchmarks/service.py --engine synthetic [--concurrency 256] ...
+
+`--engine synthetic`: the delivery path's own capacity with a model-free engine, the
+worker of commit f1e85d1 beside this one (benchmarks/service_synthetic.py). The rest of
+this docstring is about the default, `--engine real`.
 
 On a small shared CPU box use `--threads 1`: with 2 OpenMP threads on 2 busy cores the
 engine's own step time swung 6x between identical runs, which swamps the comparison.
@@ -11,13 +16,14 @@ prompt lengths uniform 16-256 tokens, output lengths lognormal (median 48, clipp
 
 - engine alone: all requests added to one `Engine`, stepped to completion.
 - whole path: Client.submit -> embedded Tansu -> worker (same engine config) -> results
-  topic -> recorder -> store (SQLite file, then a fresh Postgres database), all real.
+  topics -> recorder -> store (SQLite file, then a fresh Postgres database), all real.
   Wall time runs from the first submit to the last final row's commit (`updated_at`);
   latency is per request, submit -> final row.
-The recorder runs as its own process (as deployed); the worker is a thread of this process
-so its engine is built exactly like the engine-alone one; a warm-up request goes through
-the whole path before the clock starts. The engine-alone
-runs also step in a fresh thread with the same torch thread count (see `in_thread`).
+The recorder runs as its own process (as deployed); the worker runs in this process (its
+intake in a thread, its engine loop and publisher in theirs) so its engine is built exactly
+like the engine-alone one; a warm-up request goes through the whole path before the clock
+starts. The engine-alone runs also step in a fresh thread with the same torch thread count
+(see `in_thread`); "engine-thread CPU" is that thread's, and the worker's engine loop's.
 """
 
 from __future__ import annotations
@@ -110,6 +116,25 @@ def _run_engine(args, path, prompts, outputs) -> dict:
             "token_ids": {int(k): o.token_ids for k, (o, _) in finals.items()}}
 
 
+class TorchThreads:
+    """The engine, with `threads` torch threads set on the thread that first steps it (the
+    worker's engine loop), as the engine-alone run sets them on its own thread."""
+
+    def __init__(self, engine, threads: int):
+        self.engine, self.threads, self.ready = engine, threads, False
+
+    def step(self):
+        if not self.ready:
+            import torch
+
+            torch.set_num_threads(self.threads)
+            self.ready = True
+        return self.engine.step()
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
 def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
     import subprocess
 
@@ -125,6 +150,7 @@ def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
     s = Settings(kafka_bootstrap=broker.bootstrap, kafka_session_timeout_ms=2000,
                  kafka_heartbeat_interval_ms=500, topic_requests=f"b{tag}.requests",
                  topic_requests_batch=f"b{tag}.requests.batch", topic_results=f"b{tag}.results",
+                 topic_results_tokens=f"b{tag}.results.tokens",
                  topic_dlq=f"b{tag}.dlq", topic_cancel=f"b{tag}.cancel",
                  worker_group=f"b{tag}-workers", recorder_group=f"b{tag}-recorder",
                  database_url=db_url, worker_max_inflight=args.max_num_seqs,
@@ -138,24 +164,9 @@ def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     engine = Engine(engine_config(args, path))
     warm(engine)
-    worker = Worker(s, engine).open()
-
+    worker = Worker(s, TorchThreads(engine, args.threads)).open()
     cpu = {}
-
-    def run_worker():
-        import torch
-
-        torch.set_num_threads(args.threads)
-        while "start" not in cpu and not worker._stopping:  # the warm-up is not counted
-            worker.run_once()
-            if worker.metrics["completed"] >= 1:
-                cpu["start"] = time.thread_time()
-        while worker.metrics["completed"] < len(prompts) + 1 and not worker._stopping:
-            worker.run_once()
-        cpu["end"] = time.thread_time()
-        worker.run()
-
-    thread = threading.Thread(target=run_worker, daemon=True)
+    thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     client = Client(s)
     try:
@@ -164,6 +175,7 @@ def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
                               SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
         if not client.wait(probe, timeout=60).done:
             raise RuntimeError("the warm-up request did not finish in 60s")
+        cpu["start"] = worker.engine_loop.cpu_s  # the warm-up is not counted
         submitted = {}
         t0 = time.time()
         for i, (p, m) in enumerate(zip(prompts, outputs)):
@@ -190,9 +202,7 @@ def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
         lat = [done_at[r] - req_submit[r] for r in ids]
         failed = [r for r in ids if rows[r].status != "completed"]
         token_ids = {submitted[r]: rows[r].output_token_ids for r in ids}
-        deadline = time.monotonic() + 10
-        while "end" not in cpu and time.monotonic() < deadline:
-            time.sleep(0.05)
+        cpu["end"] = worker.engine_loop.cpu_s
         return {"wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall,
                 "engine_cpu_s": cpu.get("end", float("nan")) - cpu.get("start", float("nan")),
                 "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "failed": len(failed),
@@ -250,7 +260,14 @@ def main() -> None:
     p.add_argument("--skip-postgres", action="store_true")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--engine", choices=("real", "synthetic"), default="real")
+    import service_synthetic
+
+    service_synthetic.add_arguments(p)
     args = p.parse_args()
+    if args.engine == "synthetic":
+        service_synthetic.main(args)
+        return
 
     import logging
 
@@ -302,8 +319,8 @@ def main() -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
     print("(engine alone: latency = add_request -> final output; path: submit -> final row; "
           "'vs engine' = output tok/s over the mean of the two engine-alone runs; engine-thread "
-          "CPU = CPU seconds of the thread that steps the engine, Kafka/JSON work included for "
-          "the worker: wall time on a shared box moves with other load, this does not)")
+          "CPU = CPU seconds of the thread that steps the engine (the worker's does no Kafka or JSON "
+          "work): wall time on a shared box moves with other load, this does not)")
     if args.json:
         out = {k: {kk: vv for kk, vv in v.items() if kk != "token_ids"} for k, v in results.items()}
         pathlib.Path(args.json).write_text(json.dumps({"args": vars(args), "results": out}, indent=2))

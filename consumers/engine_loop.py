@@ -46,7 +46,7 @@ class EngineLoop:
         self._publish = publish
         self._stop = threading.Event()
         self.steps = 0
-        self.cpu_s = 0.0          # CPU seconds of this thread (what the engine costs the worker)
+        self.cpu_s = 0.0          # CPU seconds of this thread so far (the engine's own cost)
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
 
@@ -100,6 +100,7 @@ class EngineLoop:
                 if engine.has_unfinished():
                     outputs = engine.step()
                     self.steps += 1
+                    self.cpu_s = time.thread_time() - cpu0
                     if outputs:
                         publish.put((OUTPUTS, (outputs, time.time())))
         except BaseException as exc:  # noqa: BLE001 - reported to the worker, which stops

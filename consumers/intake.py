@@ -80,7 +80,8 @@ def key_request_id(key: bytes | None) -> str | None:
 class Intake:
     def __init__(self, settings: Settings, engine: EngineLoop, publish: queue.Queue,
                  settled: queue.SimpleQueue, *, attempt_prefix: str, max_inflight: int,
-                 metrics: Metrics, engine_metrics: EngineMetrics | None = None):
+                 metrics: Metrics, engine_metrics: EngineMetrics | None = None,
+                 publisher_failed: Any = lambda: False):
         self.settings = settings
         self.engine = engine
         self.publish = publish
@@ -89,6 +90,7 @@ class Intake:
         self.max_inflight = max_inflight
         self.metrics = metrics
         self.engine_metrics = engine_metrics
+        self.publisher_failed = publisher_failed
         # NOTE: `running` (jobs in the engine) is what the in-flight limit bounds; endings
         # waiting for their acks are bounded apart, by as many again (MAX_ENDINGS_FACTOR).
         self.jobs: dict[int, Job] = {}
@@ -227,7 +229,7 @@ class Intake:
         attempt = f"{self.attempt_prefix}.{ticket}"
         if rid in self.cancelled:
             self._add_job(Job(ticket, rid, None, tp, [(tp, rec.offset)]))
-            self.publish.put((ABORTED, Aborted(ticket, rid, attempt, req.batch_id,
+            self._publish((ABORTED, Aborted(ticket, rid, attempt, req.batch_id,
                                                req.submitted_at, now)))
             return
         try:
@@ -240,7 +242,7 @@ class Intake:
         self._add_job(Job(ticket, rid, attempt, tp, [(tp, rec.offset)], running=True))
         self.running += 1
         # NOTE: the publisher hears of the attempt before the engine can produce output for it.
-        self.publish.put((ADMIT, Admitted(
+        self._publish((ADMIT, Admitted(
             ticket, rid, attempt, req.wants_stream, req.batch_id, req.submitted_at, now,
             _source(tp, rec.offset), raw=rec.value, headers=list(rec.headers or []),
             key=rec.key)))
@@ -260,10 +262,21 @@ class Intake:
                 field: str | None, batch_id: str | None) -> None:
         ticket = next(self._tickets)
         self.jobs[ticket] = Job(ticket, rid, None, tp, [(tp, rec.offset)])
-        self.publish.put((REJECT, Rejected(
+        self._publish((REJECT, Rejected(
             ticket, rid, code, message, field, batch_id, _source(tp, rec.offset),
             raw=rec.value if rec.value is not None else b"", headers=list(rec.headers or []),
             key=rec.key)))
+
+    def _publish(self, item: tuple[str, Any]) -> None:
+        """Hand `item` to the publisher, waiting while its queue is full (backpressure), but
+        not on a publisher that died (the worker then stops)."""
+        while True:
+            try:
+                self.publish.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                if self.publisher_failed():
+                    raise InflightError("the publisher stopped; the worker stops") from None
 
     # -- cancels ----------------------------------------------------------------------------
     def _cancel(self, rid: str) -> None:
@@ -365,7 +378,7 @@ class Intake:
             del self.by_id[job.request_id]
         if job.attempt is None:
             return
-        self.publish.put((HAND_BACK, job.attempt))
+        self._publish((HAND_BACK, job.attempt))
         self.engine.abort(job.attempt)
         self.metrics.inc("handed_back")
 

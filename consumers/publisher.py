@@ -8,24 +8,16 @@
                     and before the final; only for requests that stream
                  ─► finished: FinalEvent, or an ErrorEvent (+ DLQ copy when the input was
                     at fault) on inflight.results, tracked until Kafka acknowledges it
-    acks ─► the ticket's last message acknowledged ─► settled queue (the intake commits)
+    acks (consumers.endings) ─► the ticket's last message acknowledged ─► the intake commits
 
-Events are encoded by consumers.event_bytes (orjson on plain values, no pydantic).
-
-Send failures never stall the loop (each is a message of its own, retried on a timer):
-- transient (timeouts, leader changes, the broker away): sent again with backoff; the
-  ticket stays unsettled, so its offset is not committed meanwhile;
-- permanent (too large for the producer or the broker, refused records): a final becomes
-  a small ErrorEvent saying why (code message_too_large), a DLQ copy loses its body; if
-  even that is refused, it is logged and the ticket is settled anyway (nothing to wait for);
-- token deltas are not tracked: a lost delta is counted and logged; streams complete from
-  the final event, which carries the whole text.
+Events are encoded by consumers.event_bytes (orjson on plain values, no pydantic). Endings
+(final events, DLQ copies) are tracked until acknowledged by consumers.endings, which also
+deals with send failures. Token deltas and status events are not tracked: a lost one is
+counted and logged; streams complete from the final event, which carries the whole text.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import queue
 import threading
@@ -34,16 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from kafka.errors import (InvalidRecordError, MessageSizeTooLargeError, RecordListTooLargeError,
-                          UnsupportedForMessageFormatError)
+from kafka.partitioner.default import murmur2
 
 from consumers import event_bytes
 from consumers.dlq import dlq_headers, dlq_value
-from consumers.handoff import (ABORTED, ACKED, ADD_FAILED, ADMIT, DROPPED, FINISHED, HAND_BACK,
-                               OUTPUTS, REJECT, STOP, Aborted, Admitted, Rejected)
+from consumers.endings import DLQ, FINAL, Ending, Endings, Message
+from consumers.handoff import (ABORTED, ADD_FAILED, ADMIT, DROPPED, FINISHED, HAND_BACK, OUTPUTS,
+                               REJECT, STOP, Aborted, Admitted, Rejected)
 from consumers.engine_metrics import EngineMetrics
 from consumers.metrics import Metrics
-from schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, Settings
+from schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, Settings
 
 log = logging.getLogger("inflight.worker")
 
@@ -51,12 +43,6 @@ QUEUE_SIZE = 1024          # engine steps (and intake commands) waiting to be pu
 BATCH = 256                # commands handled before acks, retries and flushes get a turn
 ACK_POLL_S = 0.005         # how often acks are looked at while some are outstanding
 IDLE_S = 0.1
-RETRY_START_S, RETRY_MAX_S = 0.1, 5.0
-TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError)
-REFUSED = TOO_LARGE + (InvalidRecordError, UnsupportedForMessageFormatError, TypeError,
-                       ValueError, UnicodeError)
-
-FINAL, DLQ, LAST = "final", "dlq", "last"   # what a tracked message is (LAST: no fallback)
 
 
 @dataclass(slots=True)
@@ -65,38 +51,14 @@ class _Stream:
 
     job: Admitted
     key: bytes
+    hash: int                      # murmur2 of the key: partitions are picked from it
+    live: bool                     # deltas wanted: the request streams, not handed back
     index: int = 0                 # token events sent
     start: int = 0                 # tokens sent in them
     ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     dirty: bool = False
     handed_back: bool = False
-
-
-@dataclass(slots=True)
-class _Message:
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]] | None
-    kind: str
-    tries: int = 0
-    done: bool = False
-
-
-@dataclass(slots=True)
-class _Ending:
-    """The tracked messages of one ticket (its final event, maybe a DLQ copy)."""
-
-    ticket: int
-    request_id: str | None
-    attempt: str | None
-    batch_id: str | None
-    messages: list[_Message]
-
-    @property
-    def remaining(self) -> int:
-        return sum(not m.done for m in self.messages)
 
 
 class Publisher:
@@ -106,7 +68,6 @@ class Publisher:
         """`logprobs`: engine_bridge.LogprobShaper of the engine's tokenizer (None: requests
         that asked for logprobs get none)."""
         self.settings = settings
-        self.producer = producer
         self.settled = settled
         self.worker = worker
         self.metrics = metrics
@@ -119,15 +80,23 @@ class Publisher:
         self.max_tokens = settings.stream_max_tokens
         self.max_bytes = settings.kafka_max_message_bytes
         self.streams: dict[str, _Stream] = {}        # by attempt
-        self.endings: dict[int, _Ending] = {}        # by ticket, until acknowledged
+        self.endings = Endings(settled, worker=worker, metrics=metrics,
+                               max_bytes=settings.kafka_max_message_bytes)
+        self.endings.on_untracked_error = self._untracked_failed
         self._dirty: list[_Stream] = []
+        self._num_partitions: dict[str, int] = {}
         self._next_flush = 0.0
-        self._acks: queue.SimpleQueue = queue.SimpleQueue()
-        self._retries: list[tuple[float, int, int, int]] = []
-        self._seq = itertools.count()
-        self._last_warning = 0.0
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
+        self.producer = producer
+
+    @property
+    def producer(self) -> Any:
+        return self._producer
+
+    @producer.setter
+    def producer(self, producer: Any) -> None:
+        self._producer = self.endings.producer = producer
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Publisher":
@@ -137,7 +106,12 @@ class Publisher:
 
     def stop(self, ack_timeout: float = 10.0) -> None:
         """Flush, wait up to `ack_timeout` seconds for outstanding acknowledgements, exit."""
-        self.queue.put((STOP, ack_timeout))
+        if self.thread is None or not self.thread.is_alive():
+            return
+        try:
+            self.queue.put((STOP, ack_timeout), timeout=30)
+        except queue.Full:
+            log.error("the publisher is stuck; stopping without it")
 
     def join(self, timeout: float | None = None) -> bool:
         if self.thread is not None:
@@ -151,8 +125,8 @@ class Publisher:
             self._flush_all()
             deadline = time.monotonic() + ack_timeout
             while self.endings and time.monotonic() < deadline:
-                self._drain_acks(wait=ACK_POLL_S)
-                self._retry_due()
+                self.endings.drain_acks(wait=ACK_POLL_S)
+                self.endings.retry_due()
             if self.endings:
                 log.warning("%d final event(s) unacknowledged at shutdown; their requests "
                             "are redone by the group", len(self.endings))
@@ -188,14 +162,15 @@ class Publisher:
             wait = min(wait, max(self._next_flush - now, 0.0))
         if self.endings:
             wait = min(wait, ACK_POLL_S)
-        if self._retries:
-            wait = min(wait, max(self._retries[0][0] - now, 0.0))
+        retry = self.endings.next_retry
+        if retry is not None:
+            wait = min(wait, max(retry - now, 0.0))
         return wait
 
     def tick(self) -> None:
         """Acks, due retries and due flushes (after each batch of commands)."""
-        self._drain_acks()
-        self._retry_due()
+        self.endings.drain_acks()
+        self.endings.retry_due()
         if self._dirty and time.monotonic() >= self._next_flush:
             self._flush_all()
 
@@ -216,7 +191,7 @@ class Publisher:
         elif kind == HAND_BACK:
             st = self.streams.get(payload)
             if st is not None:
-                st.handed_back, st.ids, st.texts = True, [], []
+                st.handed_back, st.live, st.ids, st.texts = True, False, [], []
         elif kind == ADD_FAILED:
             attempt, message = payload
             st = self.streams.pop(attempt, None)
@@ -226,12 +201,14 @@ class Publisher:
 
     def _admit(self, job: Admitted) -> None:
         key = job.request_id.encode()
-        self.streams[job.attempt] = _Stream(job, key)
+        st = self.streams[job.attempt] = _Stream(job, key, key_hash(key), job.stream)
         self._send_untracked(self.topic_results, key, event_bytes.status_event(
-            job.request_id, job.attempt, self.worker, job.queued_at))
+            job.request_id, job.attempt, self.worker, job.queued_at),
+            self._partition(self.topic_results, st.hash))
 
     def _outputs(self, outputs: list[Any]) -> None:
-        streams, tokens = self.streams, 0
+        # NOTE: the hot loop (one pass per output of every step): plain attribute work only.
+        streams, tokens, max_tokens = self.streams, 0, self.max_tokens
         for out in outputs:
             st = streams.get(out.request_id)
             if st is None:
@@ -239,11 +216,12 @@ class Publisher:
             ids = out.new_token_ids
             if ids:
                 tokens += len(ids)
-                st.job.raw = None  # the engine accepted it: no DLQ copy will be needed
-            if st.job.stream and not st.handed_back and (ids or out.text_delta):
-                st.ids.extend(ids)
+                if st.index == 0 and st.job.raw is not None:
+                    st.job.raw = None  # the engine accepted it: no DLQ copy will be needed
+            if st.live and (ids or out.text_delta):
+                st.ids += ids
                 st.texts.append(out.text_delta)
-                if st.index == 0 or len(st.ids) >= self.max_tokens:
+                if st.index == 0 or len(st.ids) >= max_tokens:
                     self._flush(st)
                 elif not st.dirty:
                     st.dirty = True
@@ -263,7 +241,8 @@ class Publisher:
         st.index += 1
         st.start += len(st.ids)
         st.ids, st.texts, st.dirty = [], [], False
-        self._send_untracked(self.topic_tokens, st.key, value)
+        self._send_untracked(self.topic_tokens, st.key, value,
+                             self._partition(self.topic_tokens, st.hash))
         self.metrics.inc("token_events")
 
     def _flush_all(self) -> None:
@@ -272,15 +251,34 @@ class Publisher:
                 self._flush(st)
         self._dirty = []
 
-    def _send_untracked(self, topic: str, key: bytes, value: bytes) -> None:
+    def _partition(self, topic: str, h: int) -> int | None:
+        """The partition kafka-python's default partitioner would pick for a key hashing to
+        `h` (murmur2, like the Java client's).
+
+        NOTE: given to send() explicitly, so the pure-Python murmur2 runs once per request
+        instead of once per message (it cost about as much as the rest of send())."""
+        n = self._num_partitions.get(topic)
+        if n is None:
+            try:
+                n = len(self.producer.partitions_for(topic) or ())
+            except Exception:  # noqa: BLE001 - unknown now: let the producer pick
+                return None
+            if not n:
+                return None
+            self._num_partitions[topic] = n
+        return h % n
+
+    def _send_untracked(self, topic: str, key: bytes, value: bytes,
+                        partition: int | None = None) -> None:
         try:
-            self.producer.send(topic, key=key, value=value).add_errback(self._on_error, None, 0)
+            self.producer.send(topic, key=key, value=value, partition=partition).add_errback(
+                self.endings.on_error, None, 0)
         except Exception as exc:  # noqa: BLE001 - KafkaTimeoutError & co: never fatal here
             self._untracked_failed(exc)
 
     def _untracked_failed(self, exc: BaseException) -> None:
         self.metrics.inc("send_errors")
-        self._warn("a token/status event was not delivered (%s); streams complete from the "
+        self.endings.warn("a token/status event was not delivered (%s); streams complete from the "
                    "final event", exc)
 
     # -- endings ----------------------------------------------------------------------------
@@ -308,11 +306,9 @@ class Publisher:
             self._engine_error(st, ERR_INTERNAL, f"the final event could not be encoded: {exc}")
             return
         self.metrics.inc("cancelled" if out.finish_reason == "abort" else "completed")
-        ending = _Ending(job.ticket, job.request_id, job.attempt, job.batch_id,
-                         [_Message(self.topic_results, st.key, value, None, FINAL)])
-        if len(value) > self.max_bytes:  # known now: no need to ask the producer
-            self._replace_final(ending, ending.messages[0], _too_large_text(len(value), self.max_bytes))
-        self._track(ending)
+        self.endings.track(Ending(job.ticket, job.request_id, job.attempt, job.batch_id,
+                                  [Message(self.topic_results, st.key, value, None, FINAL,
+                                           self._partition(self.topic_results, st.hash))]))
 
     def _engine_error(self, st: _Stream, code: str, message: str) -> None:
         """The engine failed the request: input problems go to the DLQ, its own do not."""
@@ -325,15 +321,16 @@ class Publisher:
         key = r.request_id.encode() if r.request_id is not None else None
         value = event_bytes.error_event(r.request_id, r.attempt, r.code, r.message,
                                         field=r.field, worker=self.worker, batch_id=r.batch_id)
-        messages = [_Message(self.topic_results, key, value, None, FINAL)]
+        part = None if key is None else self._partition(self.topic_results, key_hash(key))
+        messages = [Message(self.topic_results, key, value, None, FINAL, part)]
         if r.raw is not None:
             headers = dlq_headers(r.headers, r.code, r.message, r.source)
             body, headers = dlq_value(r.raw, headers, self.max_bytes)
-            messages.append(_Message(self.settings.topic_dlq, key or r.key, body, headers, DLQ))
+            messages.append(Message(self.settings.topic_dlq, key or r.key, body, headers, DLQ))
             self.metrics.inc("dlq")
         self.metrics.inc("failed")
         log.info("rejected %s (%s): %s", r.request_id or "<no id>", r.code, r.message[:500])
-        self._track(_Ending(r.ticket, r.request_id, r.attempt, r.batch_id, messages))
+        self.endings.track(Ending(r.ticket, r.request_id, r.attempt, r.batch_id, messages))
 
     def _aborted(self, a: Aborted) -> None:
         key = a.request_id.encode()
@@ -341,114 +338,9 @@ class Publisher:
                                         batch_id=a.batch_id, submitted_at=a.submitted_at,
                                         queued_at=a.queued_at, now=time.time())
         self.metrics.inc("cancelled")
-        self._track(_Ending(a.ticket, a.request_id, a.attempt, a.batch_id,
-                            [_Message(self.topic_results, key, value, None, FINAL)]))
+        self.endings.track(Ending(a.ticket, a.request_id, a.attempt, a.batch_id,
+                                  [Message(self.topic_results, key, value, None, FINAL,
+                                           self._partition(self.topic_results, key_hash(key)))]))
 
-    # -- tracked sends ------------------------------------------------------------------------
-    def _track(self, ending: _Ending) -> None:
-        self.endings[ending.ticket] = ending
-        for i in range(len(ending.messages)):
-            self._send(ending.ticket, i)
-
-    def _send(self, ticket: int, i: int) -> None:
-        msg = self.endings[ticket].messages[i]
-        msg.tries += 1
-        try:
-            fut = self.producer.send(msg.topic, key=msg.key, value=msg.value, headers=msg.headers)
-        except Exception as exc:  # noqa: BLE001 - sorted into permanent / transient below
-            self._failed(ticket, i, exc)
-            return
-        # NOTE: callbacks run on the producer's I/O thread; they only enqueue.
-        fut.add_callback(self._on_ack, ticket, i)
-        fut.add_errback(self._on_error, ticket, i)
-
-    def _on_ack(self, ticket: int, i: int, _metadata: Any) -> None:
-        self._acks.put((ticket, i, None))
-
-    def _on_error(self, ticket: int, i: int, exc: BaseException) -> None:
-        self._acks.put((ticket, i, exc))
-
-    def _drain_acks(self, wait: float = 0.0) -> None:
-        acks = self._acks
-        try:
-            item = acks.get(timeout=wait) if wait else acks.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            ticket, i, exc = item
-            ending = self.endings.get(ticket)
-            if ticket is None:
-                self._untracked_failed(exc)
-            elif ending is not None and not ending.messages[i].done:
-                if exc is None:
-                    self._done(ending, i)
-                else:
-                    self._failed(ticket, i, exc)
-            try:
-                item = acks.get_nowait()
-            except queue.Empty:
-                return
-
-    def _done(self, ending: _Ending, i: int) -> None:
-        ending.messages[i].done = True
-        if ending.remaining == 0:
-            del self.endings[ending.ticket]
-            self.settled.put((ending.ticket, ACKED))
-
-    def _failed(self, ticket: int, i: int, exc: BaseException) -> None:
-        ending = self.endings[ticket]
-        msg = ending.messages[i]
-        if isinstance(exc, REFUSED):
-            self.metrics.inc("send_errors")
-            if msg.kind == FINAL:
-                text = (_too_large_text(len(msg.value), None) if isinstance(exc, TOO_LARGE)
-                        else f"the final event was refused by Kafka ({type(exc).__name__}: {exc})")
-                log.error("final event of %s refused (%s); sending a small error final instead",
-                          ending.request_id, exc)
-                self._replace_final(ending, msg, text, code=(
-                    ERR_MESSAGE_TOO_LARGE if isinstance(exc, TOO_LARGE) else ERR_INTERNAL))
-            elif msg.kind == DLQ:
-                log.error("DLQ copy for %s refused (%s); sending it without its body",
-                          ending.request_id or "<no id>", exc)
-                msg.value, msg.headers = dlq_value(msg.value, msg.headers or [], 0, bare=True)
-                msg.kind = LAST
-            else:
-                log.error("message for %s refused twice (%s); giving up on it",
-                          ending.request_id or "<no id>", exc)
-                self._done(ending, i)
-                return
-            self._send(ticket, i)
-            return
-        # transient: send it again later; the ticket (and its offset) waits meanwhile
-        self.metrics.inc("send_retries")
-        delay = min(RETRY_START_S * 2 ** (msg.tries - 1), RETRY_MAX_S)
-        self._warn("publishing for %s failed (%s); retrying in %.1fs", ending.request_id, exc,
-                   delay)
-        heapq.heappush(self._retries, (time.monotonic() + delay, next(self._seq), ticket, i))
-
-    def _replace_final(self, ending: _Ending, msg: _Message, text: str,
-                       code: str = ERR_MESSAGE_TOO_LARGE) -> None:
-        msg.value = event_bytes.error_event(ending.request_id, ending.attempt, code, text,
-                                            field=None, worker=self.worker,
-                                            batch_id=ending.batch_id)
-        msg.kind = LAST
-
-    def _retry_due(self) -> None:
-        now = time.monotonic()
-        while self._retries and self._retries[0][0] <= now:
-            _, _, ticket, i = heapq.heappop(self._retries)
-            if ticket in self.endings and not self.endings[ticket].messages[i].done:
-                self._send(ticket, i)
-
-    def _warn(self, fmt: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - self._last_warning >= 1.0:  # at most one a second: failures come in floods
-            self._last_warning = now
-            log.warning(fmt, *args)
-
-
-def _too_large_text(size: int, limit: int | None) -> str:
-    over = f"over the limit of {limit} bytes" if limit else "more than Kafka accepts"
-    return (f"the result is too large to publish: its final event is {size} bytes, {over} "
-            "(INFLIGHT_KAFKA_MAX_MESSAGE_BYTES, and the broker's message.max.bytes); lower "
-            "max_tokens or raise both limits")
+def key_hash(key: bytes) -> int:
+    return murmur2(key) & 0x7FFFFFFF

@@ -76,7 +76,8 @@ class Worker:
                                       on_stats=self.engine_metrics.observe_stats)
         self.intake = Intake(settings, self.engine_loop, self.publisher.queue, settled,
                              attempt_prefix=self.generation, max_inflight=self.max_inflight,
-                             metrics=self.metrics, engine_metrics=self.engine_metrics)
+                             metrics=self.metrics, engine_metrics=self.engine_metrics,
+                             publisher_failed=lambda: self.publisher.error is not None)
         self.lag: LagProbe | None = None
         self.producer: Any = None
         self._stopping = False

@@ -85,3 +85,21 @@ def test_the_real_engine_feeds_them(tiny_model):
     assert value(reg, "vllm:e2e_request_latency_seconds_count") == 3
     assert value(reg, "vllm:prefix_cache_queries_total") > 0
     assert value(reg, "vllm:num_requests_running") == 0
+
+
+def test_observe_many_equals_observe_one_by_one():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from consumers.engine_metrics import ITL_BUCKETS, observe_many
+
+    values = [0.0, 0.01, 0.0100001, 0.3, 7.5, 1e6, 0.05, 0.049]
+    reg = CollectorRegistry()
+    one = Histogram("one", "x", buckets=ITL_BUCKETS, registry=reg)
+    many = Histogram("many", "x", buckets=ITL_BUCKETS, registry=reg)
+    for v in values:
+        one.observe(v)
+    observe_many(many, values)
+    samples = {m.name: {(s.name.removeprefix(m.name), tuple(sorted(s.labels.items()))): s.value
+                        for s in m.samples if not s.name.endswith("_created")}
+               for m in reg.collect()}
+    assert samples["one"] == samples["many"] and samples["one"][("_count", ())] == len(values)

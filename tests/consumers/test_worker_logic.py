@@ -189,16 +189,17 @@ class HeldProducer:
         self.real, self.topic, self.Future = real, results_topic, Future
         self.held: list = []
 
-    def send(self, topic, key=None, value=None, headers=None):
+    def send(self, topic, key=None, value=None, headers=None, partition=None):
         if topic == self.topic and b'"type":"final"' in value:
             fut = self.Future()
-            self.held.append((fut, (topic, key, value, headers)))
+            self.held.append((fut, (topic, key, value, headers, partition)))
             return fut
-        return self.real.send(topic, key=key, value=value, headers=headers)
+        return self.real.send(topic, key=key, value=value, headers=headers, partition=partition)
 
     def release(self):
-        for fut, (topic, key, value, headers) in self.held:
-            md = self.real.send(topic, key=key, value=value, headers=headers).get(timeout=10)
+        for fut, (topic, key, value, headers, partition) in self.held:
+            md = self.real.send(topic, key=key, value=value, headers=headers,
+                                partition=partition).get(timeout=10)
             fut.success(md)
         self.held = []
 
@@ -242,11 +243,11 @@ class FlakyProducer:
     def __init__(self, real, match, exc, times):
         self.real, self.match, self.exc, self.left = real, match, exc, times
 
-    def send(self, topic, key=None, value=None, headers=None):
+    def send(self, topic, key=None, value=None, headers=None, partition=None):
         if self.left and self.match(topic, key, value):
             self.left -= 1
             raise self.exc
-        return self.real.send(topic, key=key, value=value, headers=headers)
+        return self.real.send(topic, key=key, value=value, headers=headers, partition=partition)
 
     def __getattr__(self, name):
         return getattr(self.real, name)
