@@ -116,42 +116,49 @@ def layer_totals(rows: list[dict]) -> list[dict]:
     return out
 
 
-def decode_steps(model: pathlib.Path, work: pathlib.Path, batches) -> list[dict]:
+def decode_steps(model: pathlib.Path, work: pathlib.Path, batches, variants, tokens: int,
+                 on_row=None) -> list[dict]:
     import torch
 
     from engine import Engine, EngineConfig, SamplingParams
     from engine.quant.config import QuantConfig
     from engine.quant.quantize import quantize_model
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: --smoke plumbing only
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     folders = {"bf16": model}
-    for label, quant in (("w8", QuantConfig("w8")), ("w4-g128", QuantConfig("w4", 128))):
+    known = {"w8": QuantConfig("w8"), "w4-g128": QuantConfig("w4", 128)}
+    for label, quant in ((v, known[v]) for v in variants):
         dest = work / f"{model.name}-{label}"
         if not (dest / "config.json").is_file():
             t0 = time.monotonic()
-            quantize_model(model, dest, quant, progress=lambda line: None, device="cuda")
+            quantize_model(model, dest, quant, progress=lambda line: None, device=device)
             print(f"quantized {model.name} -> {label} in {time.monotonic() - t0:.0f}s", flush=True)
         folders[label] = dest
     rows = []
     for label, folder in folders.items():
-        eng = Engine(EngineConfig(model=folder, dtype="bfloat16", device="cuda", max_num_seqs=max(batches)))
+        eng = Engine(EngineConfig(model=folder, dtype="bfloat16", device=device, max_num_seqs=max(batches)))
         for b in batches:
-            prompts = [[100 + (7 * i + j) % 40000 for j in range(32)] for i in range(b)]
-            params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+            prompts = [[100 + (7 * i + j) % 40000 for j in range(32)] for i in range(b)]  # 49k vocab
+            params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
             eng.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
             for i, p in enumerate(prompts):
                 eng.add_request(f"{label}-{b}-{i}", prompt_token_ids=p, params=params)
             eng.step()  # prefill (+ the first token)
-            torch.cuda.synchronize()
+            sync()
             steps, t0 = 0, time.perf_counter()
             while eng.has_unfinished():
                 eng.step()
                 steps += 1
-            torch.cuda.synchronize()
+            sync()
             step_ms = (time.perf_counter() - t0) * 1e3 / max(steps, 1)
             rows.append({"weights": label, "batch": b, "steps": steps, "step_ms": step_ms})
             print(f"decode {label:8s} batch {b:3d}: {step_ms:.2f} ms/step over {steps} steps", flush=True)
+            if on_row is not None:
+                on_row(rows)
         del eng
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -161,6 +168,9 @@ def main() -> int:
     p.add_argument("--work", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "/tmp")) / "quant-models",
                    help="where the quantized copies go")
     p.add_argument("--quick", action="store_true", help="no split-K sweep")
+    p.add_argument("--decode-variants", default="w8,w4-g128", help="quantized copies to decode with")
+    p.add_argument("--decode-batches", default="1,16,64")
+    p.add_argument("--decode-tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under the Triton interpreter")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
@@ -182,9 +192,16 @@ def main() -> int:
               f"{t['w4_ms'] * 1e3:9.1f}  {t['w4_speedup']:6.2f}")
     b1 = next(t for t in totals if t["m"] == 1)
     print(f"targets at batch 1: W8A16 >= 1.5x ({b1['w8_speedup']:.2f}x), W4A16 >= 2.5x ({b1['w4_speedup']:.2f}x)")
-    steps = decode_steps(args.model_1b, args.work, BATCHES) if args.model_1b and not args.smoke else []
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"gemms": rows, "layer": totals, "decode": steps}, indent=2))
+    def save(decode: list[dict]) -> None:  # after each part: a time-boxed run keeps what it did
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps({"gemms": rows, "layer": totals,
+                                                           "decode": decode}, indent=2))
+
+    save([])
+    if args.model_1b:
+        batches = [int(b) for b in args.decode_batches.split(",")]
+        variants = [v for v in args.decode_variants.split(",") if v]
+        decode_steps(args.model_1b, args.work, batches, variants, args.decode_tokens, on_row=save)
     return 0
 
 

@@ -13,6 +13,10 @@
 #   profile-*   benchmarks/step_profile.py, batch 1/32/256, CUDA graphs on and off
 #   throughput-* benchmarks/throughput.py --device cuda, 2,048 requests vs HF static batches
 #   kernels     benchmarks/bench_kernels.py --quick (eager and CUDA-graph replay)
+#   quant-tests the W8A16 / W4A16 kernel tests on CUDA (tests/kernels/test_quant_matmul.py)
+#   quant       benchmarks/bench_quant_gemm.py: the 1B shape's GEMMs at batch 1/16/64 vs bf16
+#               cuBLAS (CUDA-graph replay), then decode ms/step of the 1B model quantized
+#               w8 / w4-g128 (round-to-nearest on the GPU) vs bf16 (issue 13)
 # Everything lands in $OUT (at most 8 files come back): run_all.log (all output),
 # summary.md (the tables), results.json (all figures).
 #
@@ -118,6 +122,18 @@ done
 
 # -- kernels ---------------------------------------------------------------------------------
 stage kernels 120 "$PY" benchmarks/bench_kernels.py --quick --json "$WORK/json/kernels.json"
+
+# -- quantized GEMMs and decode steps (issue 13) ------------------------------------------------
+if [ "$SMOKE" = 1 ]; then
+    stage quant-tests 120 env TRITON_INTERPRET=1 "$PY" -m pytest -q -p no:cacheprovider \
+        tests/kernels/test_quant_matmul.py -k "w8a16 and dtype0 and 1-96-192"
+    stage quant 120 "$PY" benchmarks/bench_quant_gemm.py --smoke --quick --model-1b "$M1B" \
+        --work "$WORK/models" --decode-batches 1,4 --decode-tokens 4 --json "$WORK/json/quant.json"
+else
+    stage quant-tests 90 "$PY" -m pytest -q -p no:cacheprovider -x tests/kernels/test_quant_matmul.py
+    stage quant 150 "$PY" benchmarks/bench_quant_gemm.py --quick --model-1b "$M1B" \
+        --work "$WORK/models" --decode-batches 1,64 --decode-tokens 32 --json "$WORK/json/quant.json"
+fi
 
 # -- summary -----------------------------------------------------------------------------------
 "$PY" benchmarks/gpu/summarize.py "$WORK" "$OUT"

@@ -96,6 +96,32 @@ def summarize(data: dict) -> list[str]:
            "Targets: B=1 at ctx >= 2k reaches 40% of HBM; no decode shape loses to torch.", ""]
     md += table(["shape", "eager ms", "graph ms", "% HBM (graph)", "torch graph ms",
                  "speedup", "target"], rows)
+    md += quant_section(data.get("quant", {}))
+    return md
+
+
+# issue 13, at batch 1 over the 1B shape's layer: (W8A16, W4A16) speedup over bf16 cuBLAS
+QUANT_TARGETS = {"w8_speedup": 1.5, "w4_speedup": 2.5}
+
+
+def quant_section(q: dict) -> list[str]:
+    md = ["## Quantized GEMMs, 1B shape, one layer (benchmarks/bench_quant_gemm.py)", "",
+          "Microseconds per layer (q|k|v, o, gate|up, down), CUDA-graph replay. Targets at "
+          "batch 1: W8A16 >= 1.5x, W4A16 >= 2.5x bf16.", ""]
+    rows = []
+    for t in q.get("layer", []):
+        marks = []
+        for key, want in QUANT_TARGETS.items():
+            marks.append(f"{t[key]:.2f}x" + (f" (>= {want}x {verdict(t[key] >= want)})" if t["m"] == 1 else ""))
+        rows.append([t["m"], f"{t['bf16_ms'] * 1e3:.1f}", f"{t['w8_ms'] * 1e3:.1f}", marks[0],
+                     f"{t['w4_ms'] * 1e3:.1f}", marks[1]])
+    md += table(["batch", "bf16 us", "W8A16 us", "W8A16 vs bf16", "W4A16 us", "W4A16 vs bf16"], rows)
+    errs = [max(r.get("w8_err", 0), r.get("w4_err", 0)) for r in q.get("gemms", [])]
+    if errs:
+        md += [f"Largest relative error against the torch references: {max(errs):.1e}", ""]
+    rows = [[d["weights"], d["batch"], f"{d['step_ms']:.2f}", d["steps"]] for d in q.get("decode", [])]
+    md += ["## Decode steps, 1B shape, bf16 vs quantized weights", ""]
+    md += table(["weights", "sequences", "ms/step", "steps"], rows)
     return md
 
 

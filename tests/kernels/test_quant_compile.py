@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_quant_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, str(ROOT / "tests/kernels/compile_quant_sm90.py"), "bf16"],
+    proc = subprocess.run([sys.executable, str(ROOT / "tests/kernels/compile_quant_sm90.py"), "--quick", "bf16"],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("\n") == 4, proc.stdout
+    assert proc.stdout.count("\n") == 2, proc.stdout

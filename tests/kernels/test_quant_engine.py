@@ -1,8 +1,9 @@
-"""A quantized tiny Llama in the engine with the Triton W8A16 / W4A16 kernels (interpreter
-on CPU) gives the torch path's greedy tokens (fp32; chunked prefill, prefix cache)."""
+"""A quantized tiny Llama in the engine with the Triton kernels (interpreter on CPU) gives
+the torch path's greedy tokens (fp32; chunked prefill, prefix cache). w4 only: the
+interpreter is slow, and the W8A16 kernel behind the engine's W8Linear is checked at the
+layer level (test_quant_matmul.py)."""
 
 import pytest
-import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from tests.quant_models import quantized
@@ -18,9 +19,8 @@ def tiny(tmp_path_factory):
                             num_heads=4, num_kv_heads=2)
 
 
-@pytest.mark.parametrize("scheme,group", [("w8", None), ("w4", 32)])
-def test_triton_quantized_engine_matches_torch(tiny, tmp_path, scheme, group):
-    q = quantized(tiny, tmp_path / "q", scheme, group)
+def test_triton_quantized_engine_matches_torch(tiny, tmp_path):
+    q = quantized(tiny, tmp_path / "q", "w4", 32)
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     tokens = {}
     for kernels in ("torch", "triton"):

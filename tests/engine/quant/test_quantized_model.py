@@ -1,6 +1,6 @@
 """A quantized tiny Llama loads through the normal engine and computes what `transformers`
 computes on the same weights dequantized (tests/quant_models.py), through paged KV, the
-prefix cache, chunked prefill and preemption."""
+prefix cache, chunked prefill, preemption and the padded (CUDA-graph) decode path."""
 
 from __future__ import annotations
 
@@ -75,6 +75,7 @@ def test_logits_match_dequantized_transformers(pair, prompts, dtype):
 @pytest.mark.parametrize("kw", [
     pytest.param({"max_num_batched_tokens": 16, "block_size": 4}, id="chunked-prefill"),
     pytest.param({"num_kv_blocks": 12, "max_num_batched_tokens": 64}, id="preemption"),
+    pytest.param({"cuda_graphs": True, "overlap_outputs": True}, id="padded-decode-overlapped"),
 ])
 def test_greedy_tokens_match_transformers_through_the_whole_engine(pair, prompts, hf_ref, kw):
     _, q, ref = pair
