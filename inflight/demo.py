@@ -1,9 +1,12 @@
 """`inflight demo`: the whole path on embedded defaults, in one process tree.
 
     embedded Tansu broker (child process)
-      ├─ worker thread:   requests topic ─► Engine(SmolLM2-135M) ─► results topic
+      ├─ worker thread:   requests topics ─► Engine(SmolLM2-135M) ─► results topic
       ├─ recorder thread: results topic ─► SQLite (a temp dir, or --data-dir)
-      └─ this thread:     Client.submit ─► Client.stream (tokens live) ─► Client.result
+      ├─ Celery worker:   batch jobs (embedded filesystem transport, sweep on its beat)
+      └─ this thread:     Client.create_batch (a small OpenAI batch, low priority), then
+                          Client.submit ─► Client.stream (tokens live) ─► Client.result,
+                          then the batch's lifecycle and output lines
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ import orjson
 
 from schemas import ErrorEvent, SamplingParams, Settings, TokenEvent
 
+DEMO_BATCH = [  # (custom_id, question): an overnight batch in miniature
+    ("faq-1", "What is a message queue?"),
+    ("faq-2", "Name a color."),
+    ("faq-3", "Say hello in French."),
+]
 DEMO_PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about message queues.",
@@ -34,6 +42,7 @@ def run(args: Any, settings: Settings) -> int:
     from consumers.worker import Worker, build_engine
     from inflight.broker import EmbeddedBroker
     from inflight.topics import create_topics
+    from producers.batch_tasks import make_worker, worker_app
     from producers.client import Client
 
     as_json = bool(getattr(args, "json", False))
@@ -58,16 +67,30 @@ def run(args: Any, settings: Settings) -> int:
         s = settings.model_copy(update={
             "kafka_bootstrap": broker.bootstrap, "database_url": db_url,
             "kafka_session_timeout_ms": 2000, "kafka_heartbeat_interval_ms": 500,
-            "metrics_interval_s": 0.0, "worker_max_inflight": 16})
+            "metrics_interval_s": 0.0, "worker_max_inflight": 16,
+            "data_dir": data_dir, "celery_broker": None, "batch_sweep_interval_s": 0.5})
         create_topics(s, partitions=2)
         say(f"[2/5] embedded broker at {broker.bootstrap}; SQLite at {db_url}")
         worker, recorder = Worker(s, engine), Recorder(s)
+        model_dir = Path(engine.config.model)
+        jobs_app = worker_app(s, model_dir=model_dir, model_name=model_dir.name)
+        jobs = make_worker(jobs_app, concurrency=2, pool="threads", beat=True,
+                           loglevel="WARNING")
         threads = [threading.Thread(target=worker.run, name="worker", daemon=True),
-                   threading.Thread(target=recorder.run, name="recorder", daemon=True)]
+                   threading.Thread(target=recorder.run, name="recorder", daemon=True),
+                   threading.Thread(target=jobs.start, name="celery", daemon=True)]
         for t in threads:
             t.start()
         client = Client(s)
         try:
+            lines = b"".join(orjson.dumps({
+                "custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": q}],
+                         "max_tokens": args.max_tokens, "temperature": 0}}) + b"\n"
+                for cid, q in DEMO_BATCH)
+            batch = client.create_batch(lines, metadata={"demo": "1"})
+            say(f"      batch {batch.id}: {len(DEMO_BATCH)} lines handed to the Celery "
+                "worker (it runs at batch priority, beside the prompts below)")
             params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
             ids = [client.submit(messages=[{"role": "user", "content": p}], params=params)
                    for p in DEMO_PROMPTS]
@@ -94,7 +117,7 @@ def run(args: Any, settings: Settings) -> int:
                         say(f"\n    [{event.finish_reason}, {n} tokens]")
                 streamed[rid] = n
             results = client.wait_many(ids, timeout=30)
-            say("[5/5] stored results (polled from SQLite by request id):")
+            say("[5/5] stored results (polled from SQLite by request id), then the batch:")
             rows = []
             for rid in ids:
                 res = results.get(rid) or client.result(rid)
@@ -104,14 +127,32 @@ def run(args: Any, settings: Settings) -> int:
                 say(f"  {rid}  {res.status:<9} {res.finish_reason or '':<6} "
                     f"{(res.usage or {}).get('completion_tokens', 0):>3} tokens  "
                     f"{lat:5.2f}s  {(res.text or '')[:60]!r}")
-            ok = all(r["status"] == "completed" for r in rows)
+            batch = client.wait_batch(batch.id, timeout=120, poll_s=0.2)
+            say(f"      batch {batch.id} {batch.status}: " + " -> ".join(
+                f"{name} +{(at - batch.created_at).total_seconds():.1f}s"
+                for name, at in (("validating", batch.created_at),
+                                 ("in_progress", batch.in_progress_at),
+                                 ("finalizing", batch.finalizing_at),
+                                 ("completed", batch.completed_at)) if at is not None))
+            batch_out = list(client.batch_results(batch.id)) if batch.is_final else []
+            for line in batch_out:
+                body = line["response"]["body"]
+                say(f"  {line['custom_id']}  {body['choices'][0]['finish_reason']:<6} "
+                    f"{body['usage']['completion_tokens']:>3} tokens  "
+                    f"{body['choices'][0]['message']['content'][:60]!r}")
+            ok = (all(r["status"] == "completed" for r in rows) and batch.status == "completed"
+                  and len(batch_out) == len(DEMO_BATCH))
             elapsed = time.monotonic() - t0
             say(f"demo: {'ok' if ok else 'FAILED'} in {elapsed:.1f}s — try `inflight result ID` "
                 f"against INFLIGHT_DATABASE_URL={db_url} while it runs with --data-dir")
             if as_json:
-                print(orjson.dumps({"ok": ok, "seconds": round(elapsed, 2), "results": rows}).decode())
+                print(orjson.dumps({"ok": ok, "seconds": round(elapsed, 2), "results": rows,
+                                    "batch": {"id": batch.id, "status": batch.status,
+                                              "results": batch_out}}).decode())
         finally:
             client.close()
+            jobs.stop(in_sighandler=False)
+            jobs_app.inflight_resources.close()
             worker.stop()
             recorder.stop()
             for t in threads:

@@ -37,47 +37,29 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
-from schemas import SchemaError, Settings, encode
-from schemas.errors import NotFoundError, Retry, StateError
-from store import (BATCH_FINAL_STATUSES, CANCELLED, CANCELLING, COMPLETED, EXPIRED, FAILED,
-                   FINALIZING, IN_PROGRESS, QUEUED, RUNNING, VALIDATING, BatchRow, Store)
+from schemas import SchemaError
+from schemas.errors import Retry, StateError
+from store import BATCH_FINAL_STATUSES, CANCELLED, CANCELLING, BatchRow, Store
 from store.models import utcnow
 
-from producers.batch_lines import ENDPOINTS, LineChecker, LineError
-from producers.batch_output import LostLease, write_results
+from producers.batch_context import (JobContext, Publisher, open_request_ids)
+from producers.batch_enqueue import validate_and_enqueue
+from producers.batch_lines import ENDPOINTS
+from producers.batch_sweep import SweepReport, sweep
 
 log = logging.getLogger("inflight.batch")
 
 WINDOW_RE = re.compile(r"^(\d+)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-MAX_RECORDED_ERRORS = 1000   # line errors kept in the batch row (the count is exact)
-PROGRESS_EVERY = 5000        # validated lines between progress updates
 MAX_BATCH_ID = 100           # leaves room for ':<custom_id>' in request ids
-ERR_BATCH_EXPIRED = "batch_expired"
 
-
-class Publisher(Protocol):
-    def publish_encoded(self, items: Iterable[tuple[str, bytes]], *, topic: str) -> int: ...
-    def cancel_many(self, request_ids: Iterable[str]) -> int: ...
-
-
-@dataclass
-class JobContext:
-    """What the batch functions need; one per process (the Celery worker builds it)."""
-
-    store: Store
-    publisher: Publisher
-    settings: Settings
-    context_length: int | None = None   # producers.batch_lines.context_length
-    model_name: str = "default"         # `model` in result bodies when a line names none
-    worker: str = field(default_factory=lambda: f"pid{uuid.uuid4().hex[:6]}")
+__all__ = ["JobContext", "Publisher", "Retry", "SweepReport", "create_batch", "cancel_batch",
+           "validate_and_enqueue", "sweep", "batch_object", "anthropic_batch_object",
+           "parse_window", "new_batch_id"]
 
 
 def parse_window(window: str) -> timedelta:
@@ -122,168 +104,7 @@ def create_batch(store: Store, *, input_file_id: str, endpoint: str,
     return row
 
 
-# --- validate and enqueue ------------------------------------------------------------------
-
-def validate_and_enqueue(ctx: JobContext, batch_id: str) -> str:
-    """Check every line of the batch's input; a bad line fails the batch (nothing is
-    published), else publish every request (resuming after `lines_enqueued`). Returns what
-    happened ("failed", "enqueued", "stopped", "nothing to do"). Raises Retry when another
-    task holds the batch."""
-    store = ctx.store
-    b = store.get_batch(batch_id)
-    if b is None:
-        raise NotFoundError(f"batch {batch_id!r} not found")
-    if b.status not in (VALIDATING, IN_PROGRESS) or (
-            b.status == IN_PROGRESS and b.lines_enqueued >= b.request_total):
-        return "nothing to do"
-    owner = f"enqueue:{ctx.worker}:{uuid.uuid4().hex[:8]}"
-    if not store.claim_batch(batch_id, owner, ctx.settings.batch_lease_s,
-                             or_owner=_dispatch_marker(batch_id)):
-        raise Retry(f"batch {batch_id} is being worked on by another task", delay=5.0)
-    try:
-        if b.status == VALIDATING:
-            outcome = _validate(ctx, b, owner)
-            if outcome != IN_PROGRESS:
-                return outcome
-            b = store.require_batch(batch_id)
-        return _enqueue(ctx, b, owner)
-    finally:
-        store.release_batch(batch_id, owner)
-
-
-def _expired(b: BatchRow) -> bool:
-    return b.expires_at is not None and utcnow() >= b.expires_at
-
-
-def _checker(ctx: JobContext, b: BatchRow) -> LineChecker:
-    s = ctx.settings
-    return LineChecker(b.id, b.endpoint or "", context=ctx.context_length,
-                       max_prompt_chars=s.max_prompt_chars,
-                       max_line_bytes=s.kafka_max_message_bytes)
-
-
-def _validate(ctx: JobContext, b: BatchRow, owner: str) -> str:
-    store, s = ctx.store, ctx.settings
-    checker = _checker(ctx, b)
-    errors: list[dict[str, Any]] = []
-    n_bad = n_ok = n_lines = 0
-    t0 = time.monotonic()
-    for no, raw in store.iter_file_lines(b.input_file_id):  # type: ignore[arg-type]
-        n_lines = no
-        if raw.strip():
-            try:
-                _, req = checker.check(no, raw)
-                size = len(encode(req))
-                if size > s.kafka_max_message_bytes:
-                    raise SchemaError(f"line {no}: the request is {size} bytes encoded, over "
-                                      f"the limit of {s.kafka_max_message_bytes} "
-                                      "(INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten it",
-                                      code="message_too_large")
-                n_ok += 1
-            except SchemaError as e:
-                n_bad += 1
-                if len(errors) < MAX_RECORDED_ERRORS:
-                    errors.append(LineError(no, e.message, e.code, e.field).to_json())
-        if no % PROGRESS_EVERY == 0:
-            if not store.set_batch_fields(b.id, only_if_status=[VALIDATING], lines_validated=no):
-                return "stopped"  # cancelled meanwhile
-            if _expired(b) or not store.claim_batch(b.id, owner, s.batch_lease_s):
-                return "stopped"
-    if n_bad > len(errors):
-        errors.append({"code": "too_many_errors", "message": f"{n_bad} bad lines in all; the "
-                       f"first {len(errors)} are listed", "param": None, "line": None})
-    if not n_ok and not n_bad:
-        errors.append({"code": "empty_file", "message": "the input file has no requests; "
-                       "give one JSON line per request", "param": None, "line": None})
-    if errors:
-        store.transition_batch(b.id, FAILED, lease_owner=owner, errors=errors,
-                               lines_validated=n_lines)
-        log.info("batch %s failed validation: %d bad of %d lines (%.1fs)", b.id, n_bad,
-                 n_lines, time.monotonic() - t0)
-        return FAILED
-    if not store.transition_batch(b.id, IN_PROGRESS, lease_owner=owner, request_total=n_ok,
-                                  lines_validated=n_lines):
-        return "stopped"
-    log.info("batch %s validated: %d requests in %.1fs", b.id, n_ok, time.monotonic() - t0)
-    return IN_PROGRESS
-
-
-def _queued_row(req: Any, custom_id: str, owner: str | None, now: datetime) -> dict[str, Any]:
-    return {"id": req.request_id, "batch_id": req.batch_id, "custom_id": custom_id,
-            "owner": owner, "status": QUEUED, "priority": req.priority,
-            "prompt": req.prompt_json(), "params": req.params.model_dump(mode="json"),
-            "created_at": now}
-
-
-def _enqueue(ctx: JobContext, b: BatchRow, owner: str) -> str:
-    store, s = ctx.store, ctx.settings
-    checker = _checker(ctx, b)
-    done = b.lines_enqueued
-    skip = done  # requests published by an earlier run of this task
-    chunk: list[tuple[Any, str]] = []
-    t0 = time.monotonic()
-
-    def flush() -> bool:
-        nonlocal done
-        now = utcnow()
-        store.insert_requests([_queued_row(r, cid, b.owner, now) for r, cid in chunk])
-        cur = store.get_batch(b.id)
-        if (cur is None or cur.status != IN_PROGRESS or _expired(cur)
-                or not store.claim_batch(b.id, owner, s.batch_lease_s)):
-            # not published: if the batch is being cancelled, these end `cancelled` now
-            if cur is not None and cur.status in (CANCELLING, CANCELLED):
-                _end_requests(store, [r.request_id for r, _ in chunk], b.id, CANCELLED)
-            return False
-        ctx.publisher.publish_encoded(((r.request_id, encode(r)) for r, _ in chunk),
-                                      topic=s.topic_requests_batch)
-        done += len(chunk)
-        chunk.clear()
-        return store.set_batch_fields(b.id, only_if_status=[IN_PROGRESS], lines_enqueued=done)
-
-    for no, raw in store.iter_file_lines(b.input_file_id):  # type: ignore[arg-type]
-        if not raw.strip():
-            continue
-        if skip:
-            skip -= 1
-            continue
-        cid, req = checker.check(no, raw)  # validated already: cannot fail on the same bytes
-        chunk.append((req.model_copy(update={"submitted_at": time.time()}), cid))
-        if len(chunk) >= s.batch_enqueue_chunk and not flush():
-            return "stopped"
-    if chunk and not flush():
-        return "stopped"
-    log.info("batch %s: %d requests published to %s in %.1fs", b.id, done - b.lines_enqueued,
-             s.topic_requests_batch, time.monotonic() - t0)
-    return "enqueued"
-
-
-# --- ending requests, cancel -----------------------------------------------------------------
-
-_END_MESSAGES = {CANCELLED: ("cancelled", "the batch was cancelled before this request ran"),
-                 EXPIRED: (ERR_BATCH_EXPIRED, "the batch's completion window ended before "
-                           "this request finished")}
-
-
-def _end_requests(store: Store, ids: list[str], batch_id: str, status: str) -> None:
-    """Give requests a final `cancelled`/`expired` row (forward-only: a request that already
-    ended keeps its row)."""
-    code, message = _END_MESSAGES[status]
-    now = utcnow()
-    store.upsert_requests({"id": rid, "batch_id": batch_id, "status": status,
-                           "finish_reason": "abort", "error": message, "error_code": code,
-                           "finished_at": now} for rid in ids)
-
-
-def _open_request_ids(store: Store, batch_id: str) -> Iterable[list[str]]:
-    """Pages of the batch's request ids that are not final yet."""
-    after = None
-    while True:
-        rows = store.list_batch(batch_id, status=[QUEUED, RUNNING], after=after, limit=1000)
-        if not rows:
-            return
-        yield [r.id for r in rows]
-        after = rows[-1].id
-
+# --- cancel ---------------------------------------------------------------------------------
 
 def cancel_batch(store: Store, publisher: Publisher, batch_id: str) -> BatchRow:
     """`cancelling`, then a cancel on the cancel topic for every request not final yet.
@@ -300,171 +121,10 @@ def cancel_batch(store: Store, publisher: Publisher, batch_id: str) -> BatchRow:
         raise StateError(f"batch {batch_id} is {b.status}; only a validating or in_progress "
                          "batch can be cancelled")
     sent = 0
-    for ids in _open_request_ids(store, batch_id):
+    for ids in open_request_ids(store, batch_id):
         sent += publisher.cancel_many(ids)
     log.info("batch %s cancelling: %d cancels sent", batch_id, sent)
     return store.require_batch(batch_id)
-
-
-# --- the sweep -----------------------------------------------------------------------------
-
-@dataclass
-class SweepReport:
-    checked: int = 0
-    completed: list[str] = field(default_factory=list)
-    expired: list[str] = field(default_factory=list)
-    cancelled: list[str] = field(default_factory=list)
-    redispatched: list[str] = field(default_factory=list)
-    busy: list[str] = field(default_factory=list)   # another sweeper held the lease
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
-
-
-def sweep(ctx: JobContext, *, dispatch_enqueue: Callable[[str], None] | None = None,
-          batch_ids: Iterable[str] | None = None) -> SweepReport:
-    """One pass over every open batch (or `batch_ids`): refresh counts; finalize batches
-    whose requests are all final; expire those past their window; end cancels; send the
-    enqueue task again for batches whose enqueue died (no lease, no progress for a lease
-    period). Idempotent; safe to run in several processes at once."""
-    report = SweepReport()
-    ids = (list(batch_ids) if batch_ids is not None else
-           ctx.store.batch_ids([VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING]))
-    for bid in ids:
-        report.checked += 1
-        try:
-            _sweep_one(ctx, bid, report, dispatch_enqueue)
-        except LostLease:
-            report.busy.append(bid)
-    return report
-
-
-def _sweep_one(ctx: JobContext, bid: str, report: SweepReport,
-               dispatch_enqueue: Callable[[str], None] | None) -> None:
-    store, s = ctx.store, ctx.settings
-    b = store.get_batch(bid)
-    if b is None or b.is_final:
-        return
-    if b.status != VALIDATING:
-        b = store.refresh_batch_counts(bid)
-    now = utcnow()
-    if b.status in (VALIDATING, IN_PROGRESS) and _expired(b):
-        _with_lease(ctx, b, report, lambda owner: _expire(ctx, bid, owner, report))
-    elif b.status == FINALIZING or (b.status == IN_PROGRESS and b.request_total
-                                   and b.lines_enqueued >= b.request_total
-                                   and b.request_done >= b.request_total):
-        _with_lease(ctx, b, report, lambda owner: _finalize(ctx, bid, owner, report))
-    elif b.status == CANCELLING:
-        grace_over = (b.cancelling_at is not None
-                      and now >= b.cancelling_at + timedelta(seconds=s.batch_cancel_grace_s))
-        _with_lease(ctx, b, report, lambda owner: _end_cancel(ctx, bid, owner, report, grace_over))
-    elif (dispatch_enqueue is not None and b.status in (VALIDATING, IN_PROGRESS)
-          and (b.status == VALIDATING or b.lines_enqueued < b.request_total)
-          and (b.lease_until is None or b.lease_until < now)
-          and now - (b.in_progress_at or b.created_at) > timedelta(seconds=s.batch_lease_s)):
-        # NOTE: an enqueuer renews its lease every chunk, so a lapsed lease on a batch not
-        # fully published means its task died (a kill -9, a lost message). The dispatch
-        # marker lease keeps later sweeps from sending it again before the new task runs;
-        # that task may take the marker over (claim_batch(or_owner=...)).
-        if ctx.store.claim_batch(bid, _dispatch_marker(bid), s.batch_lease_s):
-            log.warning("batch %s: its enqueue task is gone (%d of %d published); sending "
-                        "it again", bid, b.lines_enqueued, b.request_total)
-            dispatch_enqueue(bid)
-            report.redispatched.append(bid)
-
-
-def _dispatch_marker(batch_id: str) -> str:
-    return f"dispatch:{batch_id}"
-
-
-def _with_lease(ctx: JobContext, b: BatchRow, report: SweepReport,
-                work: Callable[[str], None]) -> None:
-    owner = f"sweep:{ctx.worker}:{uuid.uuid4().hex[:8]}"
-    if not ctx.store.claim_batch(b.id, owner, ctx.settings.batch_lease_s):
-        report.busy.append(b.id)
-        return
-    try:
-        work(owner)
-    finally:
-        ctx.store.release_batch(b.id, owner)
-
-
-def _keeper(ctx: JobContext, bid: str, owner: str) -> Callable[[], bool]:
-    return lambda: ctx.store.claim_batch(bid, owner, ctx.settings.batch_lease_s)
-
-
-def _write(ctx: JobContext, b: BatchRow, owner: str, final_status: str) -> dict[str, Any]:
-    """Write the result files unless the input was never fully validated (then there are
-    no results: nothing was published)."""
-    if b.in_progress_at is None:
-        return {}
-    res = write_results(ctx.store, b, default_model=ctx.model_name, final_status=final_status,
-                        keep_lease=_keeper(ctx, b.id, owner))
-    return {"output_file_id": res.output_file_id, "error_file_id": res.error_file_id}
-
-
-def _move_or_discard(ctx: JobContext, bid: str, to: str, owner: str,
-                     files: dict[str, Any]) -> bool:
-    if ctx.store.transition_batch(bid, to, lease_owner=owner, **files):
-        return True
-    for fid in files.values():  # someone else ended the batch: our files are not used
-        if fid:
-            ctx.store.delete_file(fid)
-    return False
-
-
-def _finalize(ctx: JobContext, bid: str, owner: str, report: SweepReport) -> None:
-    store = ctx.store
-    b = store.require_batch(bid)
-    if b.status == IN_PROGRESS:
-        if not store.transition_batch(bid, FINALIZING, lease_owner=owner):
-            return
-        b = store.require_batch(bid)
-    if b.status != FINALIZING:
-        return
-    t0 = time.monotonic()
-    files = _write(ctx, b, owner, COMPLETED)
-    if _move_or_discard(ctx, bid, COMPLETED, owner, files):
-        report.completed.append(bid)
-        log.info("batch %s completed: %d completed, %d failed of %d (files written in %.1fs)",
-                 bid, b.request_completed, b.request_failed, b.request_total,
-                 time.monotonic() - t0)
-
-
-def _expire(ctx: JobContext, bid: str, owner: str, report: SweepReport) -> None:
-    store = ctx.store
-    b = store.require_batch(bid)
-    if b.status not in (VALIDATING, IN_PROGRESS):
-        return
-    n = 0
-    for ids in _open_request_ids(store, bid):
-        _end_requests(store, ids, bid, EXPIRED)
-        ctx.publisher.cancel_many(ids)
-        n += len(ids)
-    b = store.refresh_batch_counts(bid)
-    files = _write(ctx, b, owner, EXPIRED)
-    if _move_or_discard(ctx, bid, EXPIRED, owner, files):
-        report.expired.append(bid)
-        log.info("batch %s expired: %d requests unfinished, %d completed kept", bid, n,
-                 b.request_completed)
-
-
-def _end_cancel(ctx: JobContext, bid: str, owner: str, report: SweepReport,
-                grace_over: bool) -> None:
-    store = ctx.store
-    b = store.refresh_batch_counts(bid)
-    if b.status != CANCELLING:
-        return
-    if grace_over:
-        for ids in _open_request_ids(store, bid):
-            _end_requests(store, ids, bid, CANCELLED)
-        b = store.refresh_batch_counts(bid)
-    elif next(iter(_open_request_ids(store, bid)), None):
-        return  # requests still running; their cancels are on the way
-    files = _write(ctx, b, owner, CANCELLED)
-    if _move_or_discard(ctx, bid, CANCELLED, owner, files):
-        report.cancelled.append(bid)
-        log.info("batch %s cancelled: %d completed before the cancel", bid, b.request_completed)
 
 
 # --- the JSON shapes ---------------------------------------------------------------------------

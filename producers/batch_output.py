@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,11 +181,22 @@ def write_results(store: Store, batch: BatchRow, *, default_model: str, final_st
     counts = {"lines": 0, "errors": 0}
     spool = tempfile.SpooledTemporaryFile(max_size=8 << 20)
 
+    def fetched() -> Iterator[tuple[list[tuple[str, str, str]], dict[str, Any]]]:
+        """(page, its rows), the next page's rows fetched while this one is formatted."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="results") as pool:
+            ahead: tuple[Any, Future[dict[str, Any]]] | None = None
+            for page in _pages(store, batch):
+                nxt = (page, pool.submit(store.result_rows, [rid for _, rid, _ in page]))
+                if ahead is not None:
+                    yield ahead[0], ahead[1].result()
+                ahead = nxt
+            if ahead is not None:
+                yield ahead[0], ahead[1].result()
+
     def output() -> Iterator[bytes]:
-        for page in _pages(store, batch):
+        for page, rows in fetched():
             if keep_lease is not None and not keep_lease():
                 raise LostLease(batch.id)
-            rows = store.result_rows([rid for _, rid, _ in page])
             out = []
             for cid, rid, model in page:
                 row = rows.get(rid)

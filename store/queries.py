@@ -25,10 +25,9 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, create_engine, event, func, or_, select
+from sqlalchemy import String, any_, bindparam, case, create_engine, event, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
@@ -37,7 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from schemas.errors import StoreError
 from store.batch_queries import BatchQueries
 from store.files import FileQueries
-from store.models import FINAL_STATUSES, QUEUED, STATUS_RANK, STATUSES, RequestRow, utcnow
+from store.models import QUEUED, STATUS_RANK, STATUSES, RequestRow, utcnow
 
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
 _KEEP_ON_CONFLICT = {"id", "created_at"}
@@ -215,11 +214,14 @@ class Store(BatchQueries, FileQueries):
             full["updated_at"] = now
             full["attempts"] = full["attempts"] or 0
             values.append(full)
+        if not values:
+            return
         table = RequestRow.__table__
+        # NOTE: executemany (one cached statement; SQLAlchemy batches it as "insertmanyvalues"),
+        # not .values([...]): compiling a 500-row VALUES list cost ~2 ms per row.
+        stmt = self._insert(table).on_conflict_do_nothing(index_elements=[table.c.id])
         with self.session() as s:
-            for start in range(0, len(values), UPSERT_CHUNK):
-                s.execute(self._insert(table).values(values[start:start + UPSERT_CHUNK])
-                          .on_conflict_do_nothing(index_elements=[table.c.id]))
+            s.execute(stmt, values)
 
     def get_request(self, request_id: str) -> RequestRow | None:
         with self.session() as s:
@@ -243,8 +245,12 @@ class Store(BatchQueries, FileQueries):
         t = RequestRow.__table__.c
         cols = (t.id, t.status, t.output, t.finish_reason, t.usage, t.error, t.error_code,
                 t.finished_at)
+        if self.dialect == "postgresql":  # one array parameter, not a thousand binds
+            cond = t.id == any_(bindparam("ids", ids, type_=postgresql.ARRAY(String)))
+        else:
+            cond = t.id.in_(ids)
         with self.session() as s:
-            return {r.id: r._asdict() for r in s.execute(select(*cols).where(t.id.in_(ids)))}
+            return {r.id: r._asdict() for r in s.execute(select(*cols).where(cond))}
 
     def list_batch(self, batch_id: str, *, status: str | Iterable[str] | None = None,
                    after: str | None = None, limit: int = 1000) -> list[RequestRow]:

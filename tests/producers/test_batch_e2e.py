@@ -199,8 +199,9 @@ def test_batch_completes_and_matches_the_engine(env, batch_model, tmp_path):
         assert body["choices"][0]["finish_reason"] == want.finish_reason
         assert body["usage"]["completion_tokens"] == len(want.token_ids)
         assert body["model"] == "tiny-llama"
-        rid = o["response"]["request_id"]
-        assert env.store.get_request(rid).output_token_ids == want.token_ids
+        row = env.store.get_request(o["response"]["request_id"])
+        assert row.output_token_ids == want.token_ids and row.custom_id == o["custom_id"]
+        assert row.prompt[0]["role"] == "user"  # filled in by the recorder
     (err,) = env.client.batch_results(b.id, errors=True)
     assert err["custom_id"] == "too-long" and err["response"]["status_code"] == 400
     assert err["response"]["body"]["error"]["code"] == "prompt_too_long"

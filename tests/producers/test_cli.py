@@ -88,4 +88,7 @@ def test_demo_runs_the_whole_path():
     report = orjson.loads(proc.stdout.strip().splitlines()[-1])
     assert report["ok"] and len(report["results"]) == 4
     assert all(r["status"] == "completed" and r["text"] for r in report["results"])
+    batch = report["batch"]
+    assert batch["status"] == "completed" and [r["custom_id"] for r in batch["results"]] == [
+        "faq-1", "faq-2", "faq-3"]
     assert time.monotonic() - t0 < 90

@@ -1,0 +1,230 @@
+"""Validate and enqueue one batch (the Celery enqueue task runs `validate_and_enqueue`).
+
+Pass 1 checks every line (producers.batch_lines) and spools each request, already encoded,
+to a temporary file; any bad line fails the batch and nothing is published. Pass 2 reads
+the spool back and publishes in chunks. A task that resumes a half-published batch (after
+a crash) has no spool: it parses the input again from the first unpublished request.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from operator import itemgetter
+from typing import IO, Any
+
+from schemas import PRIORITY_BATCH, SchemaError, encode
+from schemas.errors import NotFoundError, Retry
+from store import CANCELLED, CANCELLING, FAILED, IN_PROGRESS, QUEUED, VALIDATING, BatchRow
+from store.models import utcnow
+
+from producers.batch_context import JobContext, dispatch_marker, end_requests, expired
+from producers.batch_lines import LineChecker, LineError
+
+log = logging.getLogger("inflight.batch")
+
+MAX_RECORDED_ERRORS = 1000   # line errors kept in the batch row (the count is exact)
+PROGRESS_EVERY = 5000        # validated lines between progress updates
+_REC = struct.Struct("<HHI")  # spool record: len(request_id), len(custom_id), len(value)
+
+Chunk = list[tuple[str, str, bytes]]  # (request_id, custom_id, encoded request)
+
+
+def validate_and_enqueue(ctx: JobContext, batch_id: str) -> str:
+    """Check every line of the batch's input; a bad line fails the batch (nothing is
+    published), else publish every request (resuming after `lines_enqueued`). Returns what
+    happened ("failed", "enqueued", "stopped", "nothing to do"). Raises Retry when another
+    task holds the batch."""
+    store = ctx.store
+    b = store.get_batch(batch_id)
+    if b is None:
+        raise NotFoundError(f"batch {batch_id!r} not found")
+    if b.status not in (VALIDATING, IN_PROGRESS) or (
+            b.status == IN_PROGRESS and b.lines_enqueued >= b.request_total):
+        return "nothing to do"
+    owner = f"enqueue:{ctx.worker}:{uuid.uuid4().hex[:8]}"
+    if not store.claim_batch(batch_id, owner, ctx.settings.batch_lease_s,
+                             or_owner=dispatch_marker(batch_id)):
+        raise Retry(f"batch {batch_id} is being worked on by another task", delay=5.0)
+    # the spool: pass 1's encoded requests, on disk (memory stays flat), read by pass 2
+    with tempfile.TemporaryFile(prefix=f"inflight-{batch_id[-12:]}-") as spool:
+        try:
+            if b.status == VALIDATING:
+                outcome = _validate(ctx, b, owner, spool)
+                if outcome != IN_PROGRESS:
+                    return outcome
+                b = store.require_batch(batch_id)
+                spool.seek(0)
+                return _enqueue(ctx, b, owner, _spooled(spool, ctx.settings.batch_enqueue_chunk))
+            return _enqueue(ctx, b, owner, _parsed(ctx, b))
+        finally:
+            store.release_batch(batch_id, owner)
+
+
+def _checker(ctx: JobContext, b: BatchRow) -> LineChecker:
+    s = ctx.settings
+    return LineChecker(b.id, b.endpoint or "", context=ctx.context_length,
+                       max_prompt_chars=s.max_prompt_chars,
+                       max_line_bytes=s.kafka_max_message_bytes)
+
+
+def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes]) -> str:
+    store, s = ctx.store, ctx.settings
+    checker = _checker(ctx, b)
+    errors: list[dict[str, Any]] = []
+    n_bad = n_ok = n_lines = 0
+    t0 = time.monotonic()
+    for no, raw in store.iter_file_lines(b.input_file_id):  # type: ignore[arg-type]
+        n_lines = no
+        if raw.strip():
+            try:
+                cid, req = checker.check(no, raw)
+                value = encode(req)
+                size = len(value)
+                if size > s.kafka_max_message_bytes:
+                    raise SchemaError(f"line {no}: the request is {size} bytes encoded, over "
+                                      f"the limit of {s.kafka_max_message_bytes} "
+                                      "(INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten it",
+                                      code="message_too_large")
+                if not n_bad:  # once a line is bad nothing is published: stop spooling
+                    rid, cid_b = req.request_id.encode(), cid.encode()
+                    spool.write(_REC.pack(len(rid), len(cid_b), size) + rid + cid_b + value)
+                n_ok += 1
+            except SchemaError as e:
+                n_bad += 1
+                if len(errors) < MAX_RECORDED_ERRORS:
+                    errors.append(LineError(no, e.message, e.code, e.field).to_json())
+        if no % PROGRESS_EVERY == 0:
+            if not store.set_batch_fields(b.id, only_if_status=[VALIDATING], lines_validated=no):
+                return "stopped"  # cancelled meanwhile
+            if expired(b) or not store.claim_batch(b.id, owner, s.batch_lease_s):
+                return "stopped"
+    if n_bad > len(errors):
+        errors.append({"code": "too_many_errors", "message": f"{n_bad} bad lines in all; the "
+                       f"first {len(errors)} are listed", "param": None, "line": None})
+    if not n_ok and not n_bad:
+        errors.append({"code": "empty_file", "message": "the input file has no requests; "
+                       "give one JSON line per request", "param": None, "line": None})
+    if errors:
+        store.transition_batch(b.id, FAILED, lease_owner=owner, errors=errors,
+                               lines_validated=n_lines)
+        log.info("batch %s failed validation: %d bad of %d lines (%.1fs)", b.id, n_bad,
+                 n_lines, time.monotonic() - t0)
+        return FAILED
+    if not store.transition_batch(b.id, IN_PROGRESS, lease_owner=owner, request_total=n_ok,
+                                  lines_validated=n_lines):
+        return "stopped"
+    log.info("batch %s validated: %d requests in %.1fs", b.id, n_ok, time.monotonic() - t0)
+    return IN_PROGRESS
+
+
+def _spooled(spool: IO[bytes], size: int) -> Iterator[Chunk]:
+    """Chunks of the requests pass 1 spooled, in input order.
+
+    NOTE: their submitted_at is the validation time (they were encoded then), seconds
+    before they are published; batch requests are not streamed, so nothing seeks by it."""
+    chunk: Chunk = []
+    while head := spool.read(_REC.size):
+        n_rid, n_cid, n_val = _REC.unpack(head)
+        body = spool.read(n_rid + n_cid + n_val)
+        chunk.append((body[:n_rid].decode(), body[n_rid:n_rid + n_cid].decode(),
+                      body[n_rid + n_cid:]))
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _parsed(ctx: JobContext, b: BatchRow) -> Iterator[Chunk]:
+    """Chunks of the requests not published yet, parsed again from the input file (a task
+    resuming after a crash has no spool), in input order."""
+    checker = _checker(ctx, b)
+    skip = b.lines_enqueued  # requests published by an earlier run of this task
+    chunk: Chunk = []
+    for no, raw in ctx.store.iter_file_lines(b.input_file_id):  # type: ignore[arg-type]
+        if not raw.strip():
+            continue
+        if skip:
+            skip -= 1
+            continue
+        cid, req = checker.check(no, raw)  # validated already: cannot fail on the same bytes
+        chunk.append((req.request_id, cid,
+                      encode(req.model_copy(update={"submitted_at": time.time()}))))
+        if len(chunk) >= ctx.settings.batch_enqueue_chunk:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _enqueue(ctx: JobContext, b: BatchRow, owner: str, chunks: Iterator[Chunk]) -> str:
+    """Publish the batch's requests, a chunk at a time, three stages overlapped:
+
+        main thread:   parse chunk k+1 ─┐          check status ─► publish chunk k+1 ...
+        db thread:                      └► insert rows k+1 ─┘
+        send thread:   publish chunk k (send + wait for the broker's acks) ─► progress k
+
+    NOTE (the order that matters, per chunk): its rows are inserted, THEN the status and
+    lease are checked, THEN it is published, THEN `lines_enqueued` moves past it. So a
+    published request always has a row that cancel_batch (which lists rows after moving
+    the batch to `cancelling`) finds, and a retried task republishes at most the chunks
+    whose acknowledgement it had not recorded."""
+    store, s = ctx.store, ctx.settings
+    done = b.lines_enqueued
+    t0 = time.monotonic()
+    rid_of = itemgetter(0)
+
+    def insert(chunk: Chunk) -> None:
+        now = utcnow()
+        store.insert_requests([{"id": rid, "batch_id": b.id, "custom_id": cid,
+                                "owner": b.owner, "status": QUEUED, "priority": PRIORITY_BATCH,
+                                "created_at": now} for rid, cid, _ in chunk])
+
+    def publish(chunk: Chunk) -> int:
+        ctx.publisher.publish_encoded(((rid, value) for rid, _, value in chunk),
+                                      topic=s.topic_requests_batch)
+        return len(chunk)
+
+    def settle(sent: Future[int]) -> bool:
+        nonlocal done
+        done += sent.result()  # BrokerError propagates: the task is retried
+        return store.set_batch_fields(b.id, only_if_status=[IN_PROGRESS], lines_enqueued=done)
+
+    def abandon(chunk: Chunk) -> str:
+        """Rows in, never published: if the batch is being cancelled they end `cancelled`
+        now (an expired batch's open rows are ended by the sweep)."""
+        cur = store.get_batch(b.id)
+        if cur is not None and cur.status in (CANCELLING, CANCELLED):
+            end_requests(store, list(map(rid_of, chunk)), b.id, CANCELLED)
+        return "stopped"
+
+    def may_publish() -> bool:
+        cur = store.get_batch(b.id)
+        return (cur is not None and cur.status == IN_PROGRESS and not expired(cur)
+                and store.claim_batch(b.id, owner, s.batch_lease_s))
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"enqueue-{b.id[-6:]}") as pool:
+        sending: Future[int] | None = None
+        for chunk in chunks:
+            inserting = pool.submit(insert, chunk)
+            if sending is not None and not settle(sending):
+                inserting.result()
+                return abandon(chunk)
+            sending = None
+            inserting.result()
+            if not may_publish():
+                return abandon(chunk)
+            sending = pool.submit(publish, chunk)
+        if sending is not None and not settle(sending):
+            return "stopped"
+    log.info("batch %s: %d requests published to %s in %.1fs", b.id, done - b.lines_enqueued,
+             s.topic_requests_batch, time.monotonic() - t0)
+    return "enqueued"
+
+

@@ -1,0 +1,187 @@
+"""The periodic sweep (the Celery sweep task runs `sweep`): idempotent, and safe in any
+number of processes at once -- every batch's slow work runs under its lease, and every
+status change is a conditional UPDATE (store.batch_queries)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from store import (CANCELLED, CANCELLING, COMPLETED, EXPIRED, FINALIZING, IN_PROGRESS,
+                   VALIDATING, BatchRow)
+from store.models import utcnow
+
+from producers.batch_context import (JobContext, dispatch_marker, end_requests, expired,
+                                     open_request_ids)
+from producers.batch_output import LostLease, write_results
+
+log = logging.getLogger("inflight.batch")
+
+
+@dataclass
+class SweepReport:
+    checked: int = 0
+    completed: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    redispatched: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)   # another sweeper held the lease
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def sweep(ctx: JobContext, *, dispatch_enqueue: Callable[[str], None] | None = None,
+          batch_ids: Iterable[str] | None = None) -> SweepReport:
+    """One pass over every open batch (or `batch_ids`): refresh counts; finalize batches
+    whose requests are all final; expire those past their window; end cancels; send the
+    enqueue task again for batches whose enqueue died (no lease, no progress for a lease
+    period). Idempotent; safe to run in several processes at once."""
+    report = SweepReport()
+    ids = (list(batch_ids) if batch_ids is not None else
+           ctx.store.batch_ids([VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING]))
+    for bid in ids:
+        report.checked += 1
+        try:
+            _sweep_one(ctx, bid, report, dispatch_enqueue)
+        except LostLease:
+            report.busy.append(bid)
+    return report
+
+
+def _sweep_one(ctx: JobContext, bid: str, report: SweepReport,
+               dispatch_enqueue: Callable[[str], None] | None) -> None:
+    store, s = ctx.store, ctx.settings
+    b = store.get_batch(bid)
+    if b is None or b.is_final:
+        return
+    if b.status != VALIDATING:
+        b = store.refresh_batch_counts(bid)
+    now = utcnow()
+    if b.status in (VALIDATING, IN_PROGRESS) and expired(b):
+        _with_lease(ctx, b, report, lambda owner: _expire(ctx, bid, owner, report))
+    elif b.status == FINALIZING or (b.status == IN_PROGRESS and b.request_total
+                                   and b.lines_enqueued >= b.request_total
+                                   and b.request_done >= b.request_total):
+        _with_lease(ctx, b, report, lambda owner: _finalize(ctx, bid, owner, report))
+    elif b.status == CANCELLING:
+        grace_over = (b.cancelling_at is not None
+                      and now >= b.cancelling_at + timedelta(seconds=s.batch_cancel_grace_s))
+        _with_lease(ctx, b, report, lambda owner: _end_cancel(ctx, bid, owner, report, grace_over))
+    elif (dispatch_enqueue is not None and b.status in (VALIDATING, IN_PROGRESS)
+          and (b.status == VALIDATING or b.lines_enqueued < b.request_total)
+          and (b.lease_until is None or b.lease_until < now)
+          and now - (b.in_progress_at or b.created_at) > timedelta(seconds=s.batch_lease_s)):
+        # NOTE: an enqueuer renews its lease every chunk, so a lapsed lease on a batch not
+        # fully published means its task died (a kill -9, a lost message). The dispatch
+        # marker lease keeps later sweeps from sending it again before the new task runs;
+        # that task may take the marker over (claim_batch(or_owner=...)).
+        if ctx.store.claim_batch(bid, dispatch_marker(bid), s.batch_lease_s):
+            log.warning("batch %s: its enqueue task is gone (%d of %d published); sending "
+                        "it again", bid, b.lines_enqueued, b.request_total)
+            dispatch_enqueue(bid)
+            report.redispatched.append(bid)
+
+
+def _with_lease(ctx: JobContext, b: BatchRow, report: SweepReport,
+                work: Callable[[str], None]) -> None:
+    owner = f"sweep:{ctx.worker}:{uuid.uuid4().hex[:8]}"
+    if not ctx.store.claim_batch(b.id, owner, ctx.settings.batch_lease_s):
+        report.busy.append(b.id)
+        return
+    try:
+        work(owner)
+    finally:
+        ctx.store.release_batch(b.id, owner)
+
+
+def _keeper(ctx: JobContext, bid: str, owner: str) -> Callable[[], bool]:
+    """A check that renews the lease, at most every quarter lease (not every page)."""
+    every = ctx.settings.batch_lease_s / 4
+    last = [time.monotonic()]
+
+    def keep() -> bool:
+        if time.monotonic() - last[0] < every:
+            return True
+        last[0] = time.monotonic()
+        return ctx.store.claim_batch(bid, owner, ctx.settings.batch_lease_s)
+    return keep
+
+
+def _write(ctx: JobContext, b: BatchRow, owner: str, final_status: str) -> dict[str, Any]:
+    """Write the result files unless the input was never fully validated (then there are
+    no results: nothing was published)."""
+    if b.in_progress_at is None:
+        return {}
+    res = write_results(ctx.store, b, default_model=ctx.model_name, final_status=final_status,
+                        keep_lease=_keeper(ctx, b.id, owner))
+    return {"output_file_id": res.output_file_id, "error_file_id": res.error_file_id}
+
+
+def _move_or_discard(ctx: JobContext, bid: str, to: str, owner: str,
+                     files: dict[str, Any]) -> bool:
+    if ctx.store.transition_batch(bid, to, lease_owner=owner, **files):
+        return True
+    for fid in files.values():  # someone else ended the batch: our files are not used
+        if fid:
+            ctx.store.delete_file(fid)
+    return False
+
+
+def _finalize(ctx: JobContext, bid: str, owner: str, report: SweepReport) -> None:
+    store = ctx.store
+    b = store.require_batch(bid)
+    if b.status == IN_PROGRESS:
+        if not store.transition_batch(bid, FINALIZING, lease_owner=owner):
+            return
+        b = store.require_batch(bid)
+    if b.status != FINALIZING:
+        return
+    t0 = time.monotonic()
+    files = _write(ctx, b, owner, COMPLETED)
+    if _move_or_discard(ctx, bid, COMPLETED, owner, files):
+        report.completed.append(bid)
+        log.info("batch %s completed: %d completed, %d failed of %d (files written in %.1fs)",
+                 bid, b.request_completed, b.request_failed, b.request_total,
+                 time.monotonic() - t0)
+
+
+def _expire(ctx: JobContext, bid: str, owner: str, report: SweepReport) -> None:
+    store = ctx.store
+    b = store.require_batch(bid)
+    if b.status not in (VALIDATING, IN_PROGRESS):
+        return
+    n = 0
+    for ids in open_request_ids(store, bid):
+        end_requests(store, ids, bid, EXPIRED)
+        ctx.publisher.cancel_many(ids)
+        n += len(ids)
+    b = store.refresh_batch_counts(bid)
+    files = _write(ctx, b, owner, EXPIRED)
+    if _move_or_discard(ctx, bid, EXPIRED, owner, files):
+        report.expired.append(bid)
+        log.info("batch %s expired: %d requests unfinished, %d completed kept", bid, n,
+                 b.request_completed)
+
+
+def _end_cancel(ctx: JobContext, bid: str, owner: str, report: SweepReport,
+                grace_over: bool) -> None:
+    store = ctx.store
+    b = store.refresh_batch_counts(bid)
+    if b.status != CANCELLING:
+        return
+    if grace_over:
+        for ids in open_request_ids(store, bid):
+            end_requests(store, ids, bid, CANCELLED)
+        b = store.refresh_batch_counts(bid)
+    elif next(iter(open_request_ids(store, bid)), None):
+        return  # requests still running; their cancels are on the way
+    files = _write(ctx, b, owner, CANCELLED)
+    if _move_or_discard(ctx, bid, CANCELLED, owner, files):
+        report.cancelled.append(bid)
+        log.info("batch %s cancelled: %d completed before the cancel", bid, b.request_completed)
