@@ -199,9 +199,11 @@ def _tile_config(T: int, B: int, group: int, head_dim: int, gpu: bool) -> tuple[
 
 MAX_SPLITS = 64
 PROGRAMS_PER_SM = 4
+INTERPRETER_PROGRAMS = 16  # CPU (TRITON_INTERPRET): programs run one by one; split a little
 
 
-def _choose_num_splits(programs: int, max_context: int, tile_n: int) -> int:
+def _choose_num_splits(programs: int, max_context: int, tile_n: int,
+                       target: int | None = None) -> int:
     """Split each context into NUM_SPLITS ranges of tiles when the plain grid would leave
     the GPU short of programs: a small-batch decode is a pure stream of K/V reads, and a
     few programs per KV head cannot keep enough loads in flight (issue 9: B=1 reached
@@ -209,8 +211,10 @@ def _choose_num_splits(programs: int, max_context: int, tile_n: int) -> int:
     PROGRAMS_PER_SM programs per SM and every split still has a tile of its own; a power
     of two (bounded compiles), <= MAX_SPLITS. No host sync: `max_context` comes from the
     block table's width, so an engine whose tables are as wide as the model's context
-    splits for the worst case (empty splits exit after writing an empty partial)."""
-    target = PROGRAMS_PER_SM * num_sms()
+    splits for the worst case (empty splits exit after writing an empty partial).
+    `target`: programs wanted (default PROGRAMS_PER_SM per SM of the GPU)."""
+    if target is None:
+        target = PROGRAMS_PER_SM * num_sms()
     tiles = -(-max_context // tile_n)
     splits = 1
     while splits < MAX_SPLITS and programs * splits < target and tiles >= 2 * splits:
@@ -245,7 +249,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_q = block_m // group
     programs = (T // block_q + B) * Hkv
     if num_splits is None:
-        num_splits = _choose_num_splits(programs, block_tables.shape[1] * block_size, tile_n)
+        num_splits = _choose_num_splits(programs, block_tables.shape[1] * block_size, tile_n,
+                                        None if is_cuda(q) else INTERPRETER_PROGRAMS)
     assert num_splits >= 1
 
     dot_precision = "ieee" if q.dtype == torch.float32 else None

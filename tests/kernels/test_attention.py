@@ -76,6 +76,8 @@ def test_split_kv_chosen_by_wrapper():
     pad = torch.full((2, 128 - batch.block_tables.shape[1]), 10**6, dtype=torch.int32)
     batch.block_tables = torch.cat([batch.block_tables, pad], dim=1)
     assert _choose_num_splits(programs=(2 // 4 + 2) * 1, max_context=128 * 16, tile_n=16) == 64
+    # under the interpreter the wrapper aims at 16 programs: 8 splits here
+    assert _choose_num_splits(2, 128 * 16, 16, target=16) == 8
     check(batch, torch.float32)
 
 
@@ -116,7 +118,7 @@ def test_gpu_tile_config(monkeypatch):
     assert ta._tile_config(T=3, B=3, group=4, head_dim=128, gpu=True) == (16, 64)
     batch = make_batch([(130, 1), (70, 1), (5, 1)], block_size=16, q_heads=8, kv_heads=2,
                        head_dim=128, dtype=torch.float16, seed=7)
-    assert ta._choose_num_splits(6, batch.block_tables.shape[1] * 16, 64) == 2
+    assert ta._choose_num_splits(6, batch.block_tables.shape[1] * 16, 64) == 2  # GPU policy
     check(batch, torch.float16)
 
 
