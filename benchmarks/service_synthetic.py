@@ -122,6 +122,16 @@ def _report(path: pathlib.Path) -> dict:
     raise RuntimeError(f"the worker wrote no report to {path}")
 
 
+def _thread_delta(a: dict, b: dict) -> dict[str, float]:
+    """CPU seconds per worker thread between two reports (older workers report none)."""
+    ta, tb = a.get("threads") or {}, b.get("threads") or {}
+    return {k: round(v - ta.get(k, 0.0), 3) for k, v in tb.items() if v - ta.get(k, 0.0) > 0.005}
+
+
+def _fmt_threads(d: dict[str, float]) -> str:
+    return "(" + ", ".join(f"{k} {v:.2f}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])) + ")"
+
+
 def count_tokens(settings, topic: str, ids: set[str], timeout: float = 300.0) -> dict[str, int]:
     """Output tokens per request id in the token events of `topic` (all partitions)."""
     import orjson
@@ -192,30 +202,42 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
         rows.wait(f"{tag}-warm-", 1, 120)
 
         # -- stream capacity -------------------------------------------------------------
-        cpu_w, cpu_r = _report(report_path)["cpu_s"], _cpu(recorder)
+        rep0, cpu_r = _report(report_path), _cpu(recorder)
+        cpu_w = rep0["cpu_s"]
         t0 = time.time()
         ids = produce(f"{tag}-s-", args.stream_requests, args.stream_tokens)
         got = rows.wait(f"{tag}-s-", len(ids), args.timeout)
         end = max(r.updated_at.timestamp() for r in got)
         time.sleep(0.4)  # the worker's next report
         tokens = args.stream_requests * args.stream_tokens
-        dw, dr = _report(report_path)["cpu_s"] - cpu_w, _cpu(recorder) - cpu_r
+        rep1 = _report(report_path)
+        dw, dr = rep1["cpu_s"] - cpu_w, _cpu(recorder) - cpu_r
         out.update(stream_s=end - t0, tok_s=tokens / (end - t0),
                    stream_lost=sum(r.status != "completed"
                                    or len(r.output_token_ids or []) != args.stream_tokens
                                    for r in got),
                    worker_cpu_per_1k=dw / tokens * 1000, recorder_cpu_per_1k=dr / tokens * 1000,
-                   worker_cpu_s=dw, recorder_cpu_s=dr)
-        print(f"  {label}: stream {tokens} tokens in {end - t0:.2f}s", flush=True)
+                   worker_cpu_s=dw, recorder_cpu_s=dr,
+                   stream_threads_cpu_s=_thread_delta(rep0, rep1))
+        print(f"  {label}: stream {tokens} tokens in {end - t0:.2f}s; CPU s worker {dw:.2f} "
+              f"{_fmt_threads(out['stream_threads_cpu_s'])}, recorder {dr:.2f}", flush=True)
 
         # -- finals capacity ---------------------------------------------------------------
+        rep0, cpu_r = _report(report_path), _cpu(recorder)
         t0 = time.time()
         fids = produce(f"{tag}-f-", args.final_requests, args.final_tokens)
         got = rows.wait(f"{tag}-f-", len(fids), args.timeout)
         end = max(r.updated_at.timestamp() for r in got)
+        time.sleep(0.4)  # the worker's next report
+        rep1 = _report(report_path)
+        dw, dr = rep1["cpu_s"] - rep0["cpu_s"], _cpu(recorder) - cpu_r
         out.update(finals_s=len(fids) / (end - t0), finals_window_s=end - t0,
-                   finals_lost=sum(r.status != "completed" for r in got))
-        print(f"  {label}: {len(fids)} finals in {end - t0:.2f}s", flush=True)
+                   finals_lost=sum(r.status != "completed" for r in got),
+                   finals_worker_cpu_ms_per_request=dw / len(fids) * 1000,
+                   finals_recorder_cpu_ms_per_request=dr / len(fids) * 1000,
+                   finals_threads_cpu_s=_thread_delta(rep0, rep1))
+        print(f"  {label}: {len(fids)} finals in {end - t0:.2f}s; CPU s worker {dw:.2f} "
+              f"{_fmt_threads(out['finals_threads_cpu_s'])}, recorder {dr:.2f}", flush=True)
 
         # -- latency at a steady rate ------------------------------------------------------
         n = int(args.latency_rate * args.latency_seconds)
