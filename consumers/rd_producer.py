@@ -3,6 +3,8 @@ kafka-python's KafkaProducer that the publisher makes, so consumers.endings and 
 wrapping producers work with either.
 
     send(topic, key, value, headers, partition) ─► Delivery (add_callback / add_errback / get)
+    send_untracked(topic, key, value, partition, on_error)   token deltas, status events:
+                        on_error(exc) only if it fails; nothing runs in Python on success
     poll_acks(timeout)  the delivery callbacks run here, on the caller's thread (the publisher's)
     partitions_for, flush, close
 
@@ -10,6 +12,14 @@ NOTE (why): kafka-python's producer cost ~60-85 µs of CPU per message between s
 the acknowledgement, mostly Python in its I/O thread fighting the publisher for the GIL:
 most of the worker's CPU at 100k tokens/s. librdkafka encodes, batches and sends in C
 threads that never take the GIL; a produce() costs a few µs.
+
+NOTE (untracked sends): confluent-kafka takes the GIL back for every delivery report it
+hands to Python, and gives it up after, so each report is a GIL hand-over to whichever
+thread waits (the engine's, the intake's): with one report per token delta that cost more
+than the sends themselves. Untracked messages go through a second librdkafka producer that
+reports failures only (`delivery.report.only.error`). Status events go there too, so one
+may reach inflight.results after its request's final event: harmless, the store's upsert
+never moves a row back and streams read deltas and finals only.
 
 Errors arrive as kafka-python's exception classes (consumers.endings sorts them into
 permanent and transient): a message over `message.max.bytes` is refused in produce()
@@ -128,6 +138,8 @@ class RdProducer:
         config.update(settings.kafka_rdkafka_options)
         config.update(overrides)
         self._p = Producer(config)
+        self._fire = Producer({**config, "delivery.report.only.error": True})
+        self._on_error: dict[Any, Any] = {}   # on_error -> its librdkafka delivery callback
 
     def send(self, topic: str, key: bytes | None = None, value: bytes | None = None,
              headers: list[tuple[str, bytes]] | None = None,
@@ -135,12 +147,29 @@ class RdProducer:
         from confluent_kafka import KafkaException
 
         fut = Delivery(self)
+        self._produce(self._p, topic, key, value, partition, fut._delivered, headers)
+        return fut
+
+    def send_untracked(self, topic: str, key: bytes | None, value: bytes,
+                       partition: int | None, on_error: Any) -> None:
+        """Send without tracking: `on_error(exc)` runs (in poll_acks) only if it fails."""
+        report = self._on_error.get(on_error)
+        if report is None:
+            def report(err: Any, _msg: Any) -> None:
+                on_error(kafka_error(err))
+            self._on_error[on_error] = report
+        self._produce(self._fire, topic, key, value, partition, report, None)
+
+    def _produce(self, p: Any, topic: str, key: bytes | None, value: bytes | None,
+                 partition: int | None, report: Any, headers: Any) -> None:
+        from confluent_kafka import KafkaException
+
         deadline = None
         while True:
             try:
-                self._p.produce(topic, value, key, -1 if partition is None else partition,
-                                fut._delivered, headers=headers)
-                return fut
+                p.produce(topic, value, key, -1 if partition is None else partition, report,
+                          headers=headers)
+                return
             except BufferError:
                 # the local queue is full (the broker is slow or away): kafka-python blocks
                 # up to max_block_ms, then raises KafkaTimeoutError; so does this
@@ -149,14 +178,14 @@ class RdProducer:
                 if now > deadline:
                     raise KafkaTimeoutError("the producer's queue stayed full for "
                                             f"{MAX_BLOCK_S:.0f}s") from None
-                self._p.poll(QUEUE_FULL_WAIT_S)
+                p.poll(QUEUE_FULL_WAIT_S)
             except KafkaException as exc:
                 raise kafka_error(exc.args[0]) from None
 
     def poll_acks(self, timeout: float = 0.0) -> int:
         """Run the delivery callbacks of what Kafka answered since the last call (waiting up
         to `timeout` seconds for one)."""
-        return self._p.poll(timeout)
+        return self._fire.poll(0) + self._p.poll(timeout)
 
     def partitions_for(self, topic: str) -> set[int] | None:
         md = self._p.list_topics(topic, timeout=10)
@@ -166,12 +195,14 @@ class RdProducer:
         return set(t.partitions)
 
     def flush(self, timeout: float | None = None) -> None:
-        left = self._p.flush(-1 if timeout is None else timeout)
+        left = self._fire.flush(-1 if timeout is None else timeout)
+        left += self._p.flush(-1 if timeout is None else timeout)
         if left:
             raise KafkaTimeoutError(f"{left} message(s) not delivered within {timeout}s")
 
     def close(self, timeout: float | None = None) -> None:
         """Deliver what is queued (up to `timeout` seconds); what is not is dropped."""
+        self._fire.flush(30 if timeout is None else timeout)
         self._p.flush(30 if timeout is None else timeout)
 
 
