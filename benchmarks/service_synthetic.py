@@ -341,7 +341,7 @@ def main(args) -> None:
     import logging
 
     from inflight.broker import EmbeddedBroker
-    from service import postgres_database
+    from common import postgres_database
 
     logging.basicConfig(level=logging.WARNING)
     print(f"synthetic engine: {args.concurrency} at once, {args.step_ms} ms a step; stream "

@@ -40,27 +40,13 @@ from schemas.errors import StoreError
 from store.batch_queries import BatchQueries
 from store.files import FileQueries
 from store.models import QUEUED, STATUS_RANK, STATUSES, RequestRow, utcnow
+from store.urls import normalize_url, redact
 
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
 _KEEP_ON_CONFLICT = {"id", "created_at"}
 _FILL_ONLY = ("prompt", "params", "batch_id", "priority", "custom_id", "owner")
 UPSERT_CHUNK = 500  # rows per INSERT statement (SQLite caps bound parameters)
 PG_UPSERT_CHUNK = 5000  # rows per INSERT statement on Postgres (its parameters are arrays)
-
-
-def normalize_url(url: str) -> str:
-    """`postgres://` and `postgresql://` mean psycopg 3 here (psycopg2 is not installed)."""
-    for prefix in ("postgres://", "postgresql://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
-    return url
-
-
-def redact(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 — only used inside error messages
-        return "<unparseable URL>"
 
 
 def _rank(column: Any) -> Any:
