@@ -255,7 +255,9 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
                    worker_cpu_s=dw, recorder_cpu_s=dr,
                    stream_threads_cpu_s=_thread_delta(rep0, rep1), stream_broker_cpu_s=db,
                    stream_postgres_cpu_s=dpg)
-        print(f"  {label}: stream {tokens} tokens in {end - t0:.2f}s; CPU s worker {dw:.2f} "
+        out["stream_engine_done_s"] = rep1["last_finish"] - t0
+        print(f"  {label}: stream {tokens} tokens in {end - t0:.2f}s (the engine's last at "
+              f"{rep1['last_finish'] - t0:.2f}s); CPU s worker {dw:.2f} "
               f"{_fmt_threads(out['stream_threads_cpu_s'])}, recorder {dr:.2f}, broker "
               f"{db:.2f}, Postgres {dpg:.2f}", flush=True)
 
@@ -276,7 +278,9 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
                    finals_recorder_cpu_ms_per_request=dr / len(fids) * 1000,
                    finals_threads_cpu_s=_thread_delta(rep0, rep1), finals_broker_cpu_s=db,
                    finals_postgres_cpu_s=dpg)
-        print(f"  {label}: {len(fids)} finals in {end - t0:.2f}s; CPU s worker {dw:.2f} "
+        out["finals_engine_done_s"] = rep1["last_finish"] - t0
+        print(f"  {label}: {len(fids)} finals in {end - t0:.2f}s (the engine's last at "
+              f"{rep1['last_finish'] - t0:.2f}s); CPU s worker {dw:.2f} "
               f"{_fmt_threads(out['finals_threads_cpu_s'])}, recorder {dr:.2f}, broker "
               f"{db:.2f}, Postgres {dpg:.2f}", flush=True)
 

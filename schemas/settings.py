@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     # kafka-python; any other librdkafka setting of it, as JSON:
     # INFLIGHT_KAFKA_RDKAFKA_OPTIONS='{"linger.ms": 5, "socket.keepalive.enable": true}'
     kafka_worker_producer: Literal["confluent", "kafka-python"] = "confluent"
+    # ... and the recorder's consumer (INFLIGHT_KAFKA_RDKAFKA_OPTIONS applies to it too)
+    kafka_recorder_consumer: Literal["confluent", "kafka-python"] = "confluent"
     kafka_rdkafka_options: dict[str, Any] = Field(default_factory=dict)
     kafka_session_timeout_ms: int = 10000
     kafka_heartbeat_interval_ms: int = 3000
