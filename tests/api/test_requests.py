@@ -30,7 +30,9 @@ def sse_events(resp: httpx.Response) -> Iterator[tuple[str | None, dict]]:
 def poll(http: httpx.Client, rid: str, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        body = http.get(f"/v1/requests/{rid}").json()
+        resp = http.get(f"/v1/requests/{rid}")
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
         if body["status"] not in ("queued", "running") or time.monotonic() > deadline:
             return body
         time.sleep(0.05)
