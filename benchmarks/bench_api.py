@@ -9,11 +9,14 @@ process tree (`inflight api --workers N`); the load generator is this process (a
 uvloop, raw HTTP/1.1 keep-alive connections, one request in flight per connection).
 
 Measured, each for --seconds after a warm-up:
-- `GET /v1/requests/{id}` on random stored ids (auth + owner check + one SELECT);
+- `GET /v1/requests/{id}` on random queued ids (auth + owner check + a SELECT, grouped
+  with concurrent polls), then on the 500 most recent completed ids (answered from each
+  process's cache of final answers once the warm-up filled it);
 - `POST /v1/requests` (insert the queued row, publish, wait for the broker's ack).
 Baselines in the same run, same concurrency (threads), no HTTP: the store lookup the GET
 does (`store.owned.request_view`) and `Client.submit` (publish + flush), so the table shows
-what HTTP and FastAPI add. Server CPU = user+system seconds of the API's process tree.
+what HTTP and FastAPI add. Server CPU = user+system seconds of the API's process tree
+over the measured window; the load average is printed before and after.
 """
 
 from __future__ import annotations
