@@ -23,11 +23,13 @@ the first one's prompt and params, which is what the worker ran.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from sqlalchemy import String, any_, bindparam, case, create_engine, event, func, or_, select
+from sqlalchemy import (String, any_, bindparam, case, create_engine, event, func, or_, select,
+                        text)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
@@ -40,9 +42,35 @@ from store.models import QUEUED, STATUS_RANK, STATUSES, RequestRow, utcnow
 from store.urls import normalize_url, redact
 
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
+_REQUEST_COLUMN_SET = frozenset(_REQUEST_COLUMNS)
 _KEEP_ON_CONFLICT = {"id", "created_at"}
 _FILL_ONLY = ("prompt", "params", "batch_id", "priority", "custom_id", "owner")
 UPSERT_CHUNK = 500  # rows per INSERT statement (SQLite caps bound parameters)
+
+
+# plain scalar columns, which Postgres takes as one array per column (insert_requests),
+# and their array types (text, not varchar(n): an explicit cast to varchar(n) would cut a
+# long value silently, where the insert into the column refuses it)
+_UNNEST_COLUMNS = {"id": "text", "batch_id": "text", "custom_id": "text", "owner": "text",
+                   "status": "text", "priority": "integer", "attempts": "integer",
+                   "created_at": "timestamptz", "updated_at": "timestamptz"}
+
+
+@functools.lru_cache(maxsize=16)
+def _unnest_insert_cached(cols: tuple[str, ...]) -> Any:
+    """INSERT INTO requests (cols) SELECT * FROM unnest(:c1::type[], ...) ON CONFLICT DO
+    NOTHING: one statement and one array parameter per column for a whole chunk of rows.
+
+    NOTE: executemany sent each row's parameters through SQLAlchemy's and psycopg's
+    per-row bind processing: over half of the batch enqueue's CPU at 1,000-row chunks."""
+    table = RequestRow.__table__
+    arrays = ", ".join(f"CAST(:{c} AS {_UNNEST_COLUMNS[c]}[])" for c in cols)
+    return text(f"INSERT INTO {table.name} ({', '.join(cols)}) SELECT * FROM unnest({arrays}) "
+                "ON CONFLICT (id) DO NOTHING")
+
+
+def _unnest_insert(cols: list[str]) -> Any:
+    return _unnest_insert_cached(tuple(cols))
 
 
 def _rank(column: Any) -> Any:
@@ -189,19 +217,33 @@ class Store(BatchQueries, FileQueries):
         ON CONFLICT DO NOTHING). The batch enqueue task writes its rows this way before
         publishing them, so a retried task changes nothing already recorded."""
         now = utcnow()
+        rows = list(rows)
+        if not rows:
+            return
+        given = {c for row in rows for c in row}
+        unknown = given - _REQUEST_COLUMN_SET
+        if unknown:
+            raise ValueError(f"unknown requests column(s) {sorted(unknown)}")
+        defaults = {"status": QUEUED, "created_at": now, "updated_at": now, "attempts": 0}
+        if self.dialect == "postgresql" and given <= _UNNEST_COLUMNS.keys():
+            cols = [c for c in _REQUEST_COLUMNS if c in given or c in defaults]
+            arrays = {c: [row.get(c) for row in rows] for c in cols if c in given}
+            for c, v in defaults.items():
+                if c == "updated_at" or c not in arrays:
+                    arrays[c] = [v] * len(rows)
+                else:
+                    arrays[c] = [x if x is not None else v for x in arrays[c]]
+            with self.session() as s:
+                s.execute(_unnest_insert(cols), arrays)
+            return
         values = []
         for row in rows:
-            unknown = set(row) - set(_REQUEST_COLUMNS)
-            if unknown:
-                raise ValueError(f"unknown requests column(s) {sorted(unknown)}")
             full = {c: row.get(c) for c in _REQUEST_COLUMNS}
             full["status"] = full["status"] or QUEUED
             full["created_at"] = full["created_at"] or now
             full["updated_at"] = now
             full["attempts"] = full["attempts"] or 0
             values.append(full)
-        if not values:
-            return
         table = RequestRow.__table__
         # NOTE: executemany (one cached statement; SQLAlchemy batches it as "insertmanyvalues"),
         # not .values([...]): compiling a 500-row VALUES list cost ~2 ms per row.
