@@ -24,6 +24,7 @@ the first one's prompt and params, which is what the worker ran.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -43,10 +44,32 @@ from store.models import QUEUED, STATUS_RANK, STATUSES, RequestRow, utcnow
 from store.urls import normalize_url, redact
 
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
+_REQUEST_COLUMN_SET = frozenset(_REQUEST_COLUMNS)
 _KEEP_ON_CONFLICT = {"id", "created_at"}
 _FILL_ONLY = ("prompt", "params", "batch_id", "priority", "custom_id", "owner")
 UPSERT_CHUNK = 500  # rows per INSERT statement (SQLite caps bound parameters)
 PG_UPSERT_CHUNK = 5000  # rows per INSERT statement on Postgres (its parameters are arrays)
+
+
+# plain scalar columns, which Postgres takes as one array per column (insert_requests),
+# and their array types (text, not varchar(n): an explicit cast to varchar(n) would cut a
+# long value silently, where the insert into the column refuses it)
+_UNNEST_COLUMNS = {"id": "text", "batch_id": "text", "custom_id": "text", "owner": "text",
+                   "status": "text", "priority": "integer", "attempts": "integer",
+                   "created_at": "timestamptz", "updated_at": "timestamptz"}
+
+
+@functools.lru_cache(maxsize=16)
+def _pg_insert_sql(cols: tuple[str, ...]) -> str:
+    """INSERT INTO requests (cols) SELECT * FROM unnest(%(c1)b::type[], ...) ON CONFLICT
+    (id) DO NOTHING: one statement, one binary array parameter per column, for a whole
+    chunk of the batch enqueue's rows.
+
+    NOTE: executemany sent each row's parameters through SQLAlchemy's and psycopg's
+    per-row bind processing (and Postgres one INSERT per row)."""
+    arrays = ", ".join(f"%({c})b::{_UNNEST_COLUMNS[c]}[]" for c in cols)
+    return (f"INSERT INTO {RequestRow.__tablename__} ({', '.join(cols)}) "
+            f"SELECT * FROM unnest({arrays}) ON CONFLICT (id) DO NOTHING")
 
 
 def _rank(column: Any) -> Any:
@@ -256,19 +279,37 @@ class Store(BatchQueries, FileQueries):
         ON CONFLICT DO NOTHING). The batch enqueue task writes its rows this way before
         publishing them, so a retried task changes nothing already recorded."""
         now = utcnow()
+        rows = list(rows)
+        if not rows:
+            return
+        given = {c for row in rows for c in row}
+        unknown = given - _REQUEST_COLUMN_SET
+        if unknown:
+            raise ValueError(f"unknown requests column(s) {sorted(unknown)}")
+        defaults = {"status": QUEUED, "created_at": now, "updated_at": now, "attempts": 0}
+        if self.dialect == "postgresql" and given <= _UNNEST_COLUMNS.keys():
+            cols = [c for c in _REQUEST_COLUMNS if c in given or c in defaults]
+            arrays = {c: [row.get(c) for row in rows] for c in cols if c in given}
+            for c, v in defaults.items():
+                if c == "updated_at" or c not in arrays:
+                    arrays[c] = [v] * len(rows)
+                else:
+                    arrays[c] = [x if x is not None else v for x in arrays[c]]
+            if any(v is not None and v.tzinfo is None
+                   for v in arrays["created_at"]):
+                raise StoreError("naive datetime in created_at: pass an aware one "
+                                 "(timezone.utc)")
+            with self.session() as s:
+                s.connection().exec_driver_sql(_pg_insert_sql(tuple(cols)), arrays)
+            return
         values = []
         for row in rows:
-            unknown = set(row) - set(_REQUEST_COLUMNS)
-            if unknown:
-                raise ValueError(f"unknown requests column(s) {sorted(unknown)}")
             full = {c: row.get(c) for c in _REQUEST_COLUMNS}
             full["status"] = full["status"] or QUEUED
             full["created_at"] = full["created_at"] or now
             full["updated_at"] = now
             full["attempts"] = full["attempts"] or 0
             values.append(full)
-        if not values:
-            return
         table = RequestRow.__table__
         # NOTE: executemany (one cached statement; SQLAlchemy batches it as "insertmanyvalues"),
         # not .values([...]): compiling a 500-row VALUES list cost ~2 ms per row.
