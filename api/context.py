@@ -16,6 +16,7 @@ from api.auth import KeyCache
 from api.cache import FinalAnswers
 from api.errors import APIError
 from api.group_commit import ClaimQueue
+from api.group_read import ViewQueue
 from api.metrics import ApiMetrics
 from producers import Client
 from schemas import InferenceRequest, Settings
@@ -88,9 +89,11 @@ class ApiContext:
     finals: FinalAnswers
     db_slots: anyio.CapacityLimiter
     claims: ClaimQueue = field(init=False)
+    views: ViewQueue = field(init=False)
 
     def __post_init__(self) -> None:
         self.claims = ClaimQueue(self.store, self.db, self.metrics)
+        self.views = ViewQueue(self.store, self.db, self.metrics)
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store call on one of the database threads."""

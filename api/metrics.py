@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("inflight.api")
 
-NAMED = ("submitted", "submit_groups", "duplicates", "cancels", "chat_completions", "streams_opened",
+NAMED = ("submitted", "submit_groups", "poll_groups", "duplicates", "cancels", "chat_completions", "streams_opened",
          "auth_failures", "files_uploaded", "batches_created")
 
 

@@ -3,7 +3,7 @@ fast its output file is written, against the real embedded broker and Postgres.
 
     .venv/bin/python benchmarks/batch_ingest.py [--lines 100000] [--line-bytes 1000]
         [--database-url postgresql+psycopg://postgres@127.0.0.1:5432/postgres] [--json out.json]
-        [--plot out.png]
+        [--plot out.png] [--profile DIR]
 
 Targets (issue 11): validate + enqueue >= 5,000 lines/s with peak RSS < 300 MB; the
 output file of all results written at >= 10,000 lines/s.
@@ -155,9 +155,21 @@ def main() -> int:
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--batch-id", help=argparse.SUPPRESS)
     p.add_argument("--extra", help=argparse.SUPPRESS)
+    p.add_argument("--profile", metavar="DIR",
+                   help="cProfile each measured child into DIR/<step>.prof (slower; the "
+                   "main thread only, not the enqueue's insert and send threads)")
     args = p.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.batch_id, args.extra), default=str))
+        prof_dir = os.environ.get("INFLIGHT_BENCH_PROFILE")
+        if prof_dir:
+            import cProfile
+
+            with cProfile.Profile() as prof:
+                out = child(args.child, args.batch_id, args.extra)
+            prof.dump_stats(os.path.join(prof_dir, f"{args.child}.prof"))
+        else:
+            out = child(args.child, args.batch_id, args.extra)
+        print(json.dumps(out, default=str))
         return 0
 
     import sqlalchemy as sa
@@ -171,6 +183,7 @@ def main() -> int:
     from tests.pgdb import temporary_database
 
     n = args.lines
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp, temporary_database(
             args.database_url, "inflight_bench_") as url:
         tmp = pathlib.Path(tmp)
@@ -186,6 +199,9 @@ def main() -> int:
                                 data_dir=tmp / "data", cache_dir=tmp / "cache")
             create_topics(settings, partitions=4)
             env = {**os.environ, **settings_env(settings), "PYTHONPATH": str(ROOT)}
+            if args.profile:
+                pathlib.Path(args.profile).mkdir(parents=True, exist_ok=True)
+                env["INFLIGHT_BENCH_PROFILE"] = str(pathlib.Path(args.profile).resolve())
             store = Store(url, create=True)
 
             path = tmp / "input.jsonl"
@@ -234,7 +250,10 @@ def main() -> int:
     if base_out:
         rows.append(("baseline: ORM pages + json to a local file", base_out, ""))
     print(f"\nbatch of {n:,} lines, {size / 1e6:.1f} MB in, {out_bytes / 1e6:.1f} MB out; "
-          f"upload {size / 1e6 / upload_s:.0f} MB/s ({upload_s:.1f} s); Postgres + embedded Tansu\n")
+          f"upload {size / 1e6 / upload_s:.0f} MB/s ({upload_s:.1f} s); Postgres + embedded Tansu; "
+          f"{os.cpu_count()} CPUs, load average (1/5/15 min) "
+          f"{'/'.join(f'{x:.2f}' for x in load_before)} before, "
+          f"{'/'.join(f'{x:.2f}' for x in os.getloadavg())} after\n")
     print("| step | wall s | lines/s | CPU s | peak RSS MB | target |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, r, target in rows:
@@ -243,7 +262,8 @@ def main() -> int:
         print(f"| {name} | {r['wall_s']:.1f} | {n / r['wall_s']:,.0f} | {cpu} | {rss} | {target} |")
     figures = {"lines": n, "input_mb": size / 1e6, "output_mb": out_bytes / 1e6,
                "upload_s": upload_s, "ingest": ingest, "finalize": fin,
-               "baseline_submit": base_in, "baseline_output": base_out}
+               "baseline_submit": base_in, "baseline_output": base_out,
+               "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
     if args.plot:

@@ -9,11 +9,14 @@ process tree (`inflight api --workers N`); the load generator is this process (a
 uvloop, raw HTTP/1.1 keep-alive connections, one request in flight per connection).
 
 Measured, each for --seconds after a warm-up:
-- `GET /v1/requests/{id}` on random stored ids (auth + owner check + one SELECT);
+- `GET /v1/requests/{id}` on random queued ids (auth + owner check + a SELECT, grouped
+  with concurrent polls), then on the 500 most recent completed ids (answered from each
+  process's cache of final answers once the warm-up filled it);
 - `POST /v1/requests` (insert the queued row, publish, wait for the broker's ack).
 Baselines in the same run, same concurrency (threads), no HTTP: the store lookup the GET
 does (`store.owned.request_view`) and `Client.submit` (publish + flush), so the table shows
-what HTTP and FastAPI add. Server CPU = user+system seconds of the API's process tree.
+what HTTP and FastAPI add. Server CPU = user+system seconds of the API's process tree
+over the measured window; the load average is printed before and after.
 """
 
 from __future__ import annotations
@@ -84,20 +87,32 @@ async def _connection(port: int, make: "callable", stop_at: float, record_from: 
 
 
 def run_load(port: int, make: "callable", connections: int, seconds: float,
-             warmup: float) -> tuple[list[float], Counter, float]:
-    """(latencies of the measured window, status counts, measured seconds)."""
+             warmup: float, server: psutil.Process
+             ) -> tuple[list[float], Counter, float, float, float]:
+    """(latencies of the measured window, status counts, measured seconds, server CPU
+    seconds and load-generator CPU seconds in the measured window)."""
     import uvloop
 
     lat: list[float] = []
     statuses: Counter = Counter()
+    cpu: dict[str, float] = {}
+
+    def snapshot(when: str) -> None:
+        cpu[when + "_server"], cpu[when + "_me"] = tree_cpu(server), self_cpu()
 
     async def main() -> None:
         start = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        loop.call_later(warmup, snapshot, "start")
+        loop.call_later(warmup + seconds, snapshot, "end")
         await asyncio.gather(*[_connection(port, make, start + warmup + seconds, start + warmup,
                                            lat, statuses) for _ in range(connections)])
 
     uvloop.run(main())
-    return lat, statuses, seconds
+    if "end" + "_server" not in cpu:
+        snapshot("end")
+    return (lat, statuses, seconds, cpu["end_server"] - cpu["start_server"],
+            cpu["end_me"] - cpu["start_me"])
 
 
 def http_get(path: str, token: str) -> bytes:
@@ -208,7 +223,7 @@ def main() -> int:
     from store.owned import request_view
     from tests.api.server import free_port
 
-    results: dict = {}
+    results: dict = {"load_before": os.getloadavg()}
     table: list[list[str]] = []
     with temporary_database(PG_URL, "inflight_bench_") as db_url, \
             EmbeddedBroker() as broker:
@@ -242,15 +257,15 @@ def main() -> int:
 
             # GET /v1/requests/{id}: unfinished rows (every poll reads Postgres), then
             # finished ones (served from each process's cache of final answers)
+            # (the cached pool is the 500 most recent: what pipelines poll; it fills the
+            # caches of both processes during the warm-up)
             for name, pool in (("queued: each poll reads Postgres", queued),
-                               ("completed: cached final answers", ids)):
+                               ("completed: cached final answers", ids[-500:])):
                 def make_get(pool=pool) -> bytes:
                     return http_get(f"/v1/requests/{rng.choice(pool)}", key.token)
 
-                cpu0, me0 = tree_cpu(server), self_cpu()
-                lat, st, secs = run_load(port, make_get, args.connections, args.seconds,
-                                         args.warmup)
-                cpu, me = tree_cpu(server) - cpu0, self_cpu() - me0
+                lat, st, secs, cpu, me = run_load(port, make_get, args.connections,
+                                                  args.seconds, args.warmup, server)
                 ok = st.get(200, 0)
                 table.append(row(f"GET /v1/requests/{{id}}, {name}", lat, secs, cpu, me, ok))
                 results["get " + name.split(":")[0]] = {
@@ -265,9 +280,8 @@ def main() -> int:
                                      "params": {"max_tokens": 16}})
                 return http_post("/v1/requests", key.token, body)
 
-            cpu0, me0 = tree_cpu(server), self_cpu()
-            lat, st, secs = run_load(port, make_post, args.connections, args.seconds, args.warmup)
-            cpu, me = tree_cpu(server) - cpu0, self_cpu() - me0
+            lat, st, secs, cpu, me = run_load(port, make_post, args.connections, args.seconds,
+                                              args.warmup, server)
             ok = st.get(202, 0)
             table.append(row("POST /v1/requests", lat, secs, cpu, me, ok))
             results["post"] = {"rate": ok / secs, "p50_ms": percentile(lat, 50) * 1e3,
@@ -303,6 +317,7 @@ def main() -> int:
         client.close()
         store.close()
 
+    results["load_after"] = os.getloadavg()
     head = ["", "per s", "p50 ms", "p99 ms", "server CPU s", "server CPU µs/req",
             "load-gen CPU s"]
     widths = [max(len(r[i]) for r in [head, *table]) for i in range(len(head))]
@@ -312,6 +327,8 @@ def main() -> int:
     print(f"\n{args.workers} API worker processes, {args.connections} connections, {args.seconds:.0f}s measured after "
           f"{args.warmup:.0f}s warm-up, {os.cpu_count()} CPUs (shared); targets: GET >= 1,000/s "
           "with p99 <= 50 ms, POST >= 500/s")
+    print("load average (1/5/15 min) before: {:.2f} {:.2f} {:.2f}; after: {:.2f} {:.2f} {:.2f}"
+          .format(*results["load_before"], *results["load_after"]))
     if args.json:
         with open(args.json, "wb") as f:
             f.write(orjson.dumps(results, option=orjson.OPT_INDENT_2))

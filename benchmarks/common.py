@@ -11,6 +11,7 @@ import platform
 import random
 import sys
 import time
+import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -107,3 +108,30 @@ class Timer:
     def __exit__(self, *exc):
         self.elapsed = time.perf_counter() - self.start
         self.cpu = time.process_time() - self.cpu_start
+
+
+def postgres_database(url: str):
+    """A fresh database next to `url` (dropped by the returned cleanup), or None."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from store import normalize_url
+
+    base = make_url(normalize_url(url))
+    name = f"inflight_bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(base.set(database="postgres"), isolation_level="AUTOCOMMIT",
+                          connect_args={"connect_timeout": 5})
+    try:
+        with admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # noqa: BLE001 - no server: the Postgres row is skipped
+        admin.dispose()
+        print(f"(Postgres skipped: {type(exc).__name__}: {str(exc).splitlines()[0]})")
+        return None, None
+
+    def drop():
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return base.set(database=name).render_as_string(hide_password=False), drop

@@ -44,7 +44,7 @@ for p in (str(ROOT), str(ROOT / "benchmarks")):
         sys.path.insert(0, p)
 
 
-from common import percentile as pct  # noqa: E402  (benchmarks/common.py)
+from common import percentile as pct, postgres_database  # noqa: E402  (benchmarks/common.py)
 from throughput import workload  # noqa: E402  (the engine benchmark's workload)
 
 
@@ -214,33 +214,6 @@ def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
         recorder.terminate()
         recorder.wait(30)
         store.close()
-
-
-def postgres_database(url: str):
-    """A fresh database next to `url` (dropped by the returned cleanup), or None."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    from store import normalize_url
-
-    base = make_url(normalize_url(url))
-    name = f"inflight_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base.set(database="postgres"), isolation_level="AUTOCOMMIT",
-                          connect_args={"connect_timeout": 5})
-    try:
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # noqa: BLE001 - no server: the Postgres row is skipped
-        admin.dispose()
-        print(f"(Postgres skipped: {type(exc).__name__}: {str(exc).splitlines()[0]})")
-        return None, None
-
-    def drop():
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return base.set(database=name).render_as_string(hide_password=False), drop
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ the recorder as its own process, the embedded broker and a fresh Postgres databa
     after   this tree: intake / engine loop / publisher threads, coalesced deltas on
             inflight.results.tokens, status + finals on inflight.results
 
-Requests are produced as raw JSON (both versions' schema) by a plain producer. Phases, in
+Requests are produced as raw JSON (both versions' schema) by a librdkafka producer. Phases, in
 order, on one running worker + recorder (after a warm-up request through the whole path):
 
     stream   --stream-requests requests of --stream-tokens tokens, produced at once:
@@ -92,13 +92,25 @@ class Rows:
                                     RequestRow.updated_at, RequestRow.output_token_ids)
                              .where(RequestRow.id.like(prefix + "%"))).all()
 
+    def done(self, prefix: str) -> int:
+        from sqlalchemy import func, select
+
+        from store import RequestRow
+
+        with self.store.session() as s:
+            return s.execute(select(func.count()).where(
+                RequestRow.id.like(prefix + "%"),
+                RequestRow.status.in_(("completed", "failed", "cancelled")))).scalar_one()
+
     def wait(self, prefix: str, n: int, timeout: float) -> list:
+        """NOTE: counts while waiting (fetching every row every 0.1 s cost Postgres and this
+        process more CPU than the recorder's writes), fetches the rows once at the end."""
         deadline = time.monotonic() + timeout
         while True:
-            rows = self.fetch(prefix)
-            if sum(r.status in ("completed", "failed", "cancelled") for r in rows) >= n:
-                return rows
+            if self.done(prefix) >= n:
+                return self.fetch(prefix)
             if time.monotonic() > deadline:
+                rows = self.fetch(prefix)
                 counts = defaultdict(int)
                 for r in rows:
                     counts[r.status] += 1
@@ -113,6 +125,22 @@ def _cpu(proc) -> float:
     return t.user + t.system
 
 
+def _pg_cpu(database: str) -> float:
+    """CPU seconds of the Postgres backends connected to `database` (their process titles
+    name it; a backend that exited meanwhile drops out, the recorder's stays)."""
+    import psutil
+
+    total = 0.0
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(database in part for part in proc.info["cmdline"] or ()):
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+    return total
+
+
 def _report(path: pathlib.Path) -> dict:
     for _ in range(50):
         try:
@@ -120,6 +148,16 @@ def _report(path: pathlib.Path) -> dict:
         except (FileNotFoundError, json.JSONDecodeError):
             time.sleep(0.1)
     raise RuntimeError(f"the worker wrote no report to {path}")
+
+
+def _thread_delta(a: dict, b: dict) -> dict[str, float]:
+    """CPU seconds per worker thread between two reports (older workers report none)."""
+    ta, tb = a.get("threads") or {}, b.get("threads") or {}
+    return {k: round(v - ta.get(k, 0.0), 3) for k, v in tb.items() if v - ta.get(k, 0.0) > 0.005}
+
+
+def _fmt_threads(d: dict[str, float]) -> str:
+    return "(" + ", ".join(f"{k} {v:.2f}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])) + ")"
 
 
 def count_tokens(settings, topic: str, ids: set[str], timeout: float = 300.0) -> dict[str, int]:
@@ -154,7 +192,6 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
     from inflight.commands import settings_env
     from inflight.topics import create_topics
     from schemas import Settings
-    from schemas.kafka_clients import producer
     from store import Store
 
     tag = uuid.uuid4().hex[:8]
@@ -167,6 +204,7 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
                  worker_max_inflight=args.concurrency, metrics_interval_s=0.0)
     create_topics(s, partitions=args.partitions)
     store = Store(pg_url, create=True)
+    db_name = pg_url.rsplit("/", 1)[-1]
     rows = Rows(store)
     env = {**os.environ, **settings_env(s), "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     report_path = pathlib.Path(tempfile.mkdtemp(prefix="inflight-bench-")) / "worker.json"
@@ -177,14 +215,19 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
         [sys.executable, str(ROOT / "benchmarks" / "synthetic_worker.py"), "--report",
          str(report_path), "--max-num-seqs", str(args.concurrency), "--step-ms",
          str(args.step_ms)], cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
-    prod = producer(s, linger_ms=5, batch_size=512 * 1024)
+    # NOTE: the load comes from librdkafka (~5 µs of CPU a request): kafka-python's producer
+    # took ~1 s of this 2-core box's CPU per 8,192 requests, away from the path measured
+    from confluent_kafka import Producer
+
+    prod = Producer({**s.rdkafka_common(), "linger.ms": 5, "acks": "all"})
     out: dict = {"label": label}
 
     def produce(prefix: str, n: int, tokens: int) -> list[str]:
         ids = [f"{prefix}{i}" for i in range(n)]
         for rid in ids:
-            prod.send(s.topic_requests, key=rid.encode(), value=raw_request(rid, tokens))
-        prod.flush(60)
+            prod.produce(s.topic_requests, raw_request(rid, tokens), rid.encode())
+        if prod.flush(60):
+            raise RuntimeError("requests not delivered to the broker within 60s")
         return ids
 
     try:
@@ -192,30 +235,54 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
         rows.wait(f"{tag}-warm-", 1, 120)
 
         # -- stream capacity -------------------------------------------------------------
-        cpu_w, cpu_r = _report(report_path)["cpu_s"], _cpu(recorder)
+        rep0, cpu_r = _report(report_path), _cpu(recorder)
+        cpu_b, cpu_pg = _cpu(broker.proc), _pg_cpu(db_name)
+        cpu_w = rep0["cpu_s"]
         t0 = time.time()
         ids = produce(f"{tag}-s-", args.stream_requests, args.stream_tokens)
         got = rows.wait(f"{tag}-s-", len(ids), args.timeout)
         end = max(r.updated_at.timestamp() for r in got)
         time.sleep(0.4)  # the worker's next report
         tokens = args.stream_requests * args.stream_tokens
-        dw, dr = _report(report_path)["cpu_s"] - cpu_w, _cpu(recorder) - cpu_r
+        rep1 = _report(report_path)
+        dw, dr = rep1["cpu_s"] - cpu_w, _cpu(recorder) - cpu_r
+        db, dpg = _cpu(broker.proc) - cpu_b, _pg_cpu(db_name) - cpu_pg
         out.update(stream_s=end - t0, tok_s=tokens / (end - t0),
                    stream_lost=sum(r.status != "completed"
                                    or len(r.output_token_ids or []) != args.stream_tokens
                                    for r in got),
                    worker_cpu_per_1k=dw / tokens * 1000, recorder_cpu_per_1k=dr / tokens * 1000,
-                   worker_cpu_s=dw, recorder_cpu_s=dr)
-        print(f"  {label}: stream {tokens} tokens in {end - t0:.2f}s", flush=True)
+                   worker_cpu_s=dw, recorder_cpu_s=dr,
+                   stream_threads_cpu_s=_thread_delta(rep0, rep1), stream_broker_cpu_s=db,
+                   stream_postgres_cpu_s=dpg)
+        out["stream_engine_done_s"] = rep1["last_finish"] - t0
+        print(f"  {label}: stream {tokens} tokens in {end - t0:.2f}s (the engine's last at "
+              f"{rep1['last_finish'] - t0:.2f}s); CPU s worker {dw:.2f} "
+              f"{_fmt_threads(out['stream_threads_cpu_s'])}, recorder {dr:.2f}, broker "
+              f"{db:.2f}, Postgres {dpg:.2f}", flush=True)
 
         # -- finals capacity ---------------------------------------------------------------
+        rep0, cpu_r = _report(report_path), _cpu(recorder)
+        cpu_b, cpu_pg = _cpu(broker.proc), _pg_cpu(db_name)
         t0 = time.time()
         fids = produce(f"{tag}-f-", args.final_requests, args.final_tokens)
         got = rows.wait(f"{tag}-f-", len(fids), args.timeout)
         end = max(r.updated_at.timestamp() for r in got)
+        time.sleep(0.4)  # the worker's next report
+        rep1 = _report(report_path)
+        dw, dr = rep1["cpu_s"] - rep0["cpu_s"], _cpu(recorder) - cpu_r
+        db, dpg = _cpu(broker.proc) - cpu_b, _pg_cpu(db_name) - cpu_pg
         out.update(finals_s=len(fids) / (end - t0), finals_window_s=end - t0,
-                   finals_lost=sum(r.status != "completed" for r in got))
-        print(f"  {label}: {len(fids)} finals in {end - t0:.2f}s", flush=True)
+                   finals_lost=sum(r.status != "completed" for r in got),
+                   finals_worker_cpu_ms_per_request=dw / len(fids) * 1000,
+                   finals_recorder_cpu_ms_per_request=dr / len(fids) * 1000,
+                   finals_threads_cpu_s=_thread_delta(rep0, rep1), finals_broker_cpu_s=db,
+                   finals_postgres_cpu_s=dpg)
+        out["finals_engine_done_s"] = rep1["last_finish"] - t0
+        print(f"  {label}: {len(fids)} finals in {end - t0:.2f}s (the engine's last at "
+              f"{rep1['last_finish'] - t0:.2f}s); CPU s worker {dw:.2f} "
+              f"{_fmt_threads(out['finals_threads_cpu_s'])}, recorder {dr:.2f}, broker "
+              f"{db:.2f}, Postgres {dpg:.2f}", flush=True)
 
         # -- latency at a steady rate ------------------------------------------------------
         n = int(args.latency_rate * args.latency_seconds)
@@ -225,7 +292,8 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
             if delay > 0:
                 time.sleep(delay)
             rid = f"{tag}-l-{i}"
-            prod.send(s.topic_requests, key=rid.encode(), value=raw_request(rid, args.stream_tokens))
+            prod.produce(s.topic_requests, raw_request(rid, args.stream_tokens), rid.encode())
+            prod.poll(0)
         prod.flush(60)
         got = rows.wait(f"{tag}-l-", n, args.timeout)
         lat = sorted(r.updated_at.timestamp() - r.created_at.timestamp() for r in got)
@@ -236,8 +304,11 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
         print(f"  {label}: latency p50 {out['p50_s']:.3f}s p99 {out['p99_s']:.3f}s", flush=True)
 
         if not args.skip_token_check:
-            topic = s.topic_results_tokens if label == "after" else s.topic_results
-            counts = count_tokens(s, topic, set(ids))
+            # token events: on inflight.results.tokens since issue 10, on inflight.results
+            # before (f1e85d1); a worker uses one of the two
+            counts = count_tokens(s, s.topic_results_tokens, set(ids))
+            if not counts:
+                counts = count_tokens(s, s.topic_results, set(ids))
             out["tokens_missing"] = sum(max(args.stream_tokens - counts.get(rid, 0), 0)
                                         for rid in ids)
     finally:
@@ -248,7 +319,7 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        prod.close()
+        prod.flush(10)
         store.close()
         log.close()
     return out
@@ -277,7 +348,7 @@ def main(args) -> None:
     import logging
 
     from inflight.broker import EmbeddedBroker
-    from service import postgres_database
+    from common import postgres_database
 
     logging.basicConfig(level=logging.WARNING)
     print(f"synthetic engine: {args.concurrency} at once, {args.step_ms} ms a step; stream "

@@ -6,7 +6,7 @@
 The worker is whichever tree's `consumers.worker` comes first on PYTHONPATH (this tree, or
 commit f1e85d1 checked out elsewhere: the "before" of the benchmark); settings come from
 INFLIGHT_*. Every 0.2 s and at exit it writes the engine's counters and this process's CPU
-seconds (all threads) to the JSON file `--report`. SIGTERM stops it gracefully.
+seconds (all threads, and per thread by name) to the JSON file `--report`. SIGTERM stops it gracefully.
 """
 
 from __future__ import annotations
@@ -22,11 +22,24 @@ import time
 from synthetic_engine import SyntheticEngine  # benchmarks/ (this script's folder)
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds per thread, by Python thread name; threads Python does not know (a C
+    library's, e.g. librdkafka's) are summed as "native"."""
+    import psutil
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for t in psutil.Process().threads():
+        name = names.get(t.id, "native")
+        out[name] = out.get(name, 0.0) + t.user_time + t.system_time
+    return out
+
+
 def report(path: pathlib.Path, engine: SyntheticEngine) -> None:
     t = os.times()
     data = {"first_add": engine.first_add, "last_finish": engine.last_finish,
             "tokens": engine.tokens, "finished": engine.finished, "steps": engine.steps,
-            "cpu_s": t.user + t.system, "at": time.time()}
+            "cpu_s": t.user + t.system, "threads": thread_cpu(), "at": time.time()}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
@@ -55,7 +68,7 @@ def main() -> int:
         while not stop.wait(0.2):
             report(args.report, eng)
 
-    threading.Thread(target=reporter, daemon=True).start()
+    threading.Thread(target=reporter, name="reporter", daemon=True).start()
     try:
         worker.run()
     finally:

@@ -47,6 +47,11 @@ class CancelListener:
     RESOLVE_EVERY_S = 0.5
     CATCH_UP_S = 5.0         # at most this long reading the window's backlog at start
     CATCH_UP_POLL_MS = 300   # a poll this long that returns nothing = caught up
+    # NOTE: how long the broker may hold a fetch that finds nothing. poll() never waits, so
+    # a cancel that lands while a fetch is held is read only when that fetch returns: at
+    # kafka-python's 500 ms default, a cancel took ~110 ms (median) to reach the worker on
+    # Tansu, long enough for a tiny model to finish what it was asked to stop; at 50 ms, ~10 ms.
+    FETCH_MAX_WAIT_MS = 50
 
     def __init__(self, settings: Settings, since: float | None = None):
         """Read cancels stamped at or after `since` (epoch seconds; default: now minus
@@ -54,7 +59,7 @@ class CancelListener:
         if since is None:
             since = time.time() - settings.cancel_lookback_s
         self.since_ms = int(since * 1000)
-        self.consumer = plain_consumer(settings)
+        self.consumer = plain_consumer(settings, fetch_max_wait_ms=self.FETCH_MAX_WAIT_MS)
         parts = partitions_of(self.consumer, settings.topic_cancel)
         self.tps = [TopicPartition(settings.topic_cancel, p) for p in parts]
         self.consumer.assign(self.tps)

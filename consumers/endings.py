@@ -10,7 +10,8 @@ Send failures never stall anything (each is a message of its own, retried on a t
   even that is refused, it is logged and the ticket is settled anyway (nothing to wait for).
 A final over INFLIGHT_KAFKA_MAX_MESSAGE_BYTES is replaced before it is ever sent.
 
-Runs on the publisher's thread; only the producer's callbacks (its I/O thread) enqueue.
+Runs on the publisher's thread; only the producer's callbacks enqueue (kafka-python's run on
+its I/O thread; confluent-kafka's inside drain_acks, via the producer's poll_acks).
 """
 
 from __future__ import annotations
@@ -121,6 +122,12 @@ class Endings:
 
     def drain_acks(self, wait: float = 0.0) -> None:
         acks = self._acks
+        # NOTE: confluent-kafka runs delivery callbacks inside poll_acks, on this thread;
+        # kafka-python runs them on its I/O thread (no poll_acks)
+        poll_acks = getattr(self.producer, "poll_acks", None)
+        if poll_acks is not None:
+            poll_acks(wait)
+            wait = 0.0
         try:
             item = acks.get(timeout=wait) if wait else acks.get_nowait()
         except queue.Empty:

@@ -84,6 +84,8 @@ class Publisher:
                                max_bytes=settings.kafka_max_message_bytes)
         self.endings.on_untracked_error = self._untracked_failed
         self._dirty: list[_Stream] = []
+        self._token_events = 0
+        self._send_fast: Any = None
         self._num_partitions: dict[str, int] = {}
         self._next_flush = 0.0
         self.error: BaseException | None = None
@@ -97,6 +99,8 @@ class Publisher:
     @producer.setter
     def producer(self, producer: Any) -> None:
         self._producer = self.endings.producer = producer
+        # confluent (consumers.rd_producer): no Python call per successful untracked send
+        self._send_fast = getattr(producer, "send_untracked", None)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Publisher":
@@ -123,6 +127,7 @@ class Publisher:
         try:
             ack_timeout = self._loop()
             self._flush_all()
+            self.tick()
             deadline = time.monotonic() + ack_timeout
             while self.endings and time.monotonic() < deadline:
                 self.endings.drain_acks(wait=ACK_POLL_S)
@@ -173,6 +178,9 @@ class Publisher:
         self.endings.retry_due()
         if self._dirty and time.monotonic() >= self._next_flush:
             self._flush_all()
+        if self._token_events:
+            self.metrics.inc("token_events", self._token_events)
+            self._token_events = 0
 
     # -- commands ---------------------------------------------------------------------------
     def handle(self, item: tuple[str, Any]) -> None:
@@ -243,7 +251,7 @@ class Publisher:
         st.ids, st.texts, st.dirty = [], [], False
         self._send_untracked(self.topic_tokens, st.key, value,
                              self._partition(self.topic_tokens, st.hash))
-        self.metrics.inc("token_events")
+        self._token_events += 1  # counted in tick(): Metrics.inc costs ~3 µs
 
     def _flush_all(self) -> None:
         for st in self._dirty:
@@ -271,8 +279,11 @@ class Publisher:
     def _send_untracked(self, topic: str, key: bytes, value: bytes,
                         partition: int | None = None) -> None:
         try:
-            self.producer.send(topic, key=key, value=value, partition=partition).add_errback(
-                self.endings.on_error, None, 0)
+            if self._send_fast is not None:
+                self._send_fast(topic, key, value, partition, self._untracked_failed)
+            else:
+                self.producer.send(topic, key=key, value=value, partition=partition).add_errback(
+                    self.endings.on_error, None, 0)
         except Exception as exc:  # noqa: BLE001 - KafkaTimeoutError & co: never fatal here
             self._untracked_failed(exc)
 

@@ -44,9 +44,9 @@ from consumers.engine_metrics import EngineMetrics
 from consumers.lag import LagProbe
 from consumers.metrics import Metrics
 from consumers.publisher import Publisher
+from consumers.rd_producer import results_producer
 from schemas import Settings
 from schemas.errors import InflightError
-from schemas.kafka_clients import producer
 
 log = logging.getLogger("inflight.worker")
 
@@ -94,7 +94,7 @@ class Worker:
 
     def open(self) -> "Worker":
         s = self.settings
-        self.producer = producer(s)
+        self.producer = results_producer(s)
         self.publisher.producer = self.producer
         self.intake.open()
         if s.metrics_port is not None:

@@ -384,4 +384,4 @@ class Engine:
                             [None] + [e.logprob for e in o.prompt_logprobs[1:]]) for o in outs]
 
     def stats(self) -> dict:
-        return self.counters.snapshot(self)
+        return self.counters.snapshot(self.kv, self.scheduler)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-
-if TYPE_CHECKING:
-    from engine.engine import Engine
+from engine.kv_cache_manager import KVCacheManager
+from engine.scheduler import Scheduler
 
 
 @dataclass
@@ -29,8 +27,7 @@ class EngineStats:
         self.last_batch_size = batch_size
         self.generated_tokens += num_sampled
 
-    def snapshot(self, engine: "Engine") -> dict:
-        kv, sched = engine.kv, engine.scheduler
+    def snapshot(self, kv: KVCacheManager, sched: Scheduler) -> dict:
         bs = kv.block_size
         filled: dict[int, int] = {}  # block id -> slots holding computed tokens
         for req in sched.running:

@@ -67,7 +67,7 @@ def cmd_db(args, settings: Settings) -> int:
 
     url = args.url or settings.database_url
     upgrade(url)
-    from store.queries import redact
+    from store.urls import redact
 
     _print(args, f"database at {redact(url)} is at the latest schema",
            {"database_url": redact(url), "status": "upgraded"})

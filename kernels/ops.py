@@ -8,27 +8,17 @@ or `EngineConfig.kernels` overrides (triton on CPU needs TRITON_INTERPRET=1).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Callable
 
 from kernels.activation import silu_and_mul_ref
 from kernels.attention import paged_attention_torch
+from kernels.kernel_set import KernelOps
 from kernels.kv_write import write_kv_ref
 from kernels.rmsnorm import rms_norm_ref
 from kernels.rotary import rotary_ref
 
+__all__ = ["BACKENDS", "KernelOps", "TORCH_OPS", "get_ops", "resolve_backend"]
+
 BACKENDS = ("torch", "triton")
-
-
-@dataclass(frozen=True)
-class KernelOps:
-    name: str
-    paged_attention: Callable
-    write_kv: Callable
-    rms_norm: Callable
-    rotary: Callable
-    silu_and_mul: Callable
-
 
 TORCH_OPS = KernelOps("torch", paged_attention_torch, write_kv_ref, rms_norm_ref, rotary_ref,
                       silu_and_mul_ref)

@@ -3,7 +3,7 @@ on CPU tensors the kernels run only under TRITON_INTERPRET=1 set before this imp
 
 from __future__ import annotations
 
-from kernels.ops import KernelOps
+from kernels.kernel_set import KernelOps
 from kernels.triton_activation import silu_and_mul_triton
 from kernels.triton_attention import paged_attention_triton
 from kernels.triton_kv_write import write_kv_triton

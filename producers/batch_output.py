@@ -25,7 +25,7 @@ import hashlib
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -148,6 +148,18 @@ class WrittenResults:
     error_file_id: str | None
     lines: int
     errors: int
+    # {completed, failed, cancelled, expired: lines written as such}: the batch's final
+    # request counts, exactly what its files hold
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def _outcome(row: dict[str, Any] | None, batch_status: str) -> str:
+    """The request status a result line reports (COMPLETED, FAILED, CANCELLED, EXPIRED)."""
+    gone = _unfinished(row, batch_status)
+    if gone is not None:
+        return gone
+    assert row is not None
+    return COMPLETED if row["status"] == COMPLETED else FAILED
 
 
 def _pages(store: Store, batch: BatchRow) -> Iterator[list[tuple[str, str, str]]]:
@@ -179,6 +191,7 @@ def write_results(store: Store, batch: BatchRow, *, default_model: str, final_st
     (on disk past 8 MB), so memory stays flat whatever the batch size."""
     anthropic = batch.endpoint == MESSAGES_URL
     counts = {"lines": 0, "errors": 0}
+    outcomes = dict.fromkeys((COMPLETED, FAILED, CANCELLED, EXPIRED), 0)
     spool = tempfile.SpooledTemporaryFile(max_size=8 << 20)
 
     def fetched() -> Iterator[tuple[list[tuple[str, str, str]], dict[str, Any]]]:
@@ -201,6 +214,7 @@ def write_results(store: Store, batch: BatchRow, *, default_model: str, final_st
             for cid, rid, model in page:
                 row = rows.get(rid)
                 counts["lines"] += 1
+                outcomes[_outcome(row, final_status)] += 1
                 if anthropic:
                     out.append(orjson.dumps(anthropic_line(cid, rid, row, model=model or default_model,
                                                            batch_status=final_status)))
@@ -230,4 +244,4 @@ def write_results(store: Store, batch: BatchRow, *, default_model: str, final_st
     out_id = out_row.id if out_row.line_count else None
     if out_id is None:
         store.delete_file(out_row.id)
-    return WrittenResults(out_id, err_id, counts["lines"], counts["errors"])
+    return WrittenResults(out_id, err_id, counts["lines"], counts["errors"], outcomes)

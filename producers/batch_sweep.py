@@ -113,19 +113,25 @@ def _keeper(ctx: JobContext, bid: str, owner: str) -> Callable[[], bool]:
     return keep
 
 
-def _write(ctx: JobContext, b: BatchRow, owner: str, final_status: str) -> dict[str, Any]:
-    """Write the result files unless the input was never fully validated (then there are
-    no results: nothing was published)."""
+def _write(ctx: JobContext, b: BatchRow, owner: str,
+           final_status: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Write the result files: (file id columns, request count columns) for the final
+    transition. The counts are what the files hold, set in the same UPDATE that ends the
+    batch, so no count computed earlier (a sweeper's refresh racing this one) can be what
+    an ended batch shows. Nothing is written when the input was never fully validated
+    (then nothing was published: no results, counts stay as they are)."""
     if b.in_progress_at is None:
-        return {}
+        return {}, {}
     res = write_results(ctx.store, b, default_model=ctx.model_name, final_status=final_status,
                         keep_lease=_keeper(ctx, b.id, owner))
-    return {"output_file_id": res.output_file_id, "error_file_id": res.error_file_id}
+    return ({"output_file_id": res.output_file_id, "error_file_id": res.error_file_id},
+            {f"request_{status}": n for status, n in res.counts.items()})
 
 
 def _move_or_discard(ctx: JobContext, bid: str, to: str, owner: str,
-                     files: dict[str, Any]) -> bool:
-    if ctx.store.transition_batch(bid, to, lease_owner=owner, **files):
+                     written: tuple[dict[str, Any], dict[str, Any]]) -> bool:
+    files, counts = written
+    if ctx.store.transition_batch(bid, to, lease_owner=owner, **files, **counts):
         return True
     for fid in files.values():  # someone else ended the batch: our files are not used
         if fid:
@@ -143,11 +149,13 @@ def _finalize(ctx: JobContext, bid: str, owner: str, report: SweepReport) -> Non
     if b.status != FINALIZING:
         return
     t0 = time.monotonic()
-    files = _write(ctx, b, owner, COMPLETED)
-    if _move_or_discard(ctx, bid, COMPLETED, owner, files):
+    written = _write(ctx, b, owner, COMPLETED)
+    if _move_or_discard(ctx, bid, COMPLETED, owner, written):
         report.completed.append(bid)
+        counts = written[1]
         log.info("batch %s completed: %d completed, %d failed of %d (files written in %.1fs)",
-                 bid, b.request_completed, b.request_failed, b.request_total,
+                 bid, counts.get("request_completed", 0), counts.get("request_failed", 0),
+                 b.request_total,
                  time.monotonic() - t0)
 
 
@@ -162,11 +170,11 @@ def _expire(ctx: JobContext, bid: str, owner: str, report: SweepReport) -> None:
         ctx.publisher.cancel_many(ids)
         n += len(ids)
     b = store.refresh_batch_counts(bid)
-    files = _write(ctx, b, owner, EXPIRED)
-    if _move_or_discard(ctx, bid, EXPIRED, owner, files):
+    written = _write(ctx, b, owner, EXPIRED)
+    if _move_or_discard(ctx, bid, EXPIRED, owner, written):
         report.expired.append(bid)
         log.info("batch %s expired: %d requests unfinished, %d completed kept", bid, n,
-                 b.request_completed)
+                 written[1].get("request_completed", 0))
 
 
 def _end_cancel(ctx: JobContext, bid: str, owner: str, report: SweepReport,
@@ -181,7 +189,8 @@ def _end_cancel(ctx: JobContext, bid: str, owner: str, report: SweepReport,
         b = store.refresh_batch_counts(bid)
     elif next(iter(open_request_ids(store, bid)), None):
         return  # requests still running; their cancels are on the way
-    files = _write(ctx, b, owner, CANCELLED)
-    if _move_or_discard(ctx, bid, CANCELLED, owner, files):
+    written = _write(ctx, b, owner, CANCELLED)
+    if _move_or_discard(ctx, bid, CANCELLED, owner, written):
         report.cancelled.append(bid)
-        log.info("batch %s cancelled: %d completed before the cancel", bid, b.request_completed)
+        log.info("batch %s cancelled: %d completed before the cancel", bid,
+                 written[1].get("request_completed", 0))

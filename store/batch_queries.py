@@ -157,14 +157,22 @@ class BatchQueries:
 
     def refresh_batch_counts(self, batch_id: str) -> BatchRow:
         """Recompute request_completed/_failed/_cancelled/_expired from the batch's request
-        rows (one GROUP BY on the batch_id index)."""
+        rows (one GROUP BY on the batch_id index) while the batch is open.
+
+        NOTE: the count and the UPDATE are two statements, and a sweeper can stall between
+        them (CPU, a SQLite write lock) while another one ends the batch. So an ended
+        batch's counts are never rewritten here (they are set by the UPDATE that ended it,
+        from the files it wrote: producers.batch_sweep); a late write to an open batch is
+        only ever low (final rows never change), which delays a finalization by one sweep
+        and never brings one forward."""
         c = self.count_by_status(batch_id)  # type: ignore[attr-defined]
         with self.session() as s:  # type: ignore[attr-defined]
-            res = s.execute(update(BatchRow.__table__).where(BatchRow.id == batch_id).values(
-                request_completed=c["completed"], request_failed=c["failed"],
-                request_cancelled=c["cancelled"], request_expired=c["expired"],
-                updated_at=utcnow()))
-            if res.rowcount != 1:
+            res = s.execute(update(BatchRow.__table__).where(
+                BatchRow.id == batch_id, BatchRow.status.not_in(sorted(BATCH_FINAL_STATUSES)))
+                .values(request_completed=c["completed"], request_failed=c["failed"],
+                        request_cancelled=c["cancelled"], request_expired=c["expired"],
+                        updated_at=utcnow()))
+            if res.rowcount != 1 and s.get(BatchRow, batch_id) is None:
                 raise StoreError(f"batch {batch_id!r} does not exist; create it first")
         return self.require_batch(batch_id)
 

@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from schemas.errors import StoreError
+from store.urls import normalize_url, redact
 
 
 def migrations_dir() -> Path:
@@ -30,7 +31,6 @@ def migrations_dir() -> Path:
 
 
 def alembic_config(url: str) -> Config:
-    from store.queries import normalize_url
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     # '%' is Alembic's interpolation character: escape it in passwords.
@@ -41,7 +41,6 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Bring the database at `url` up to `revision` (creates the tables on an empty one)."""
-    from store.queries import normalize_url, redact
     sqlite_file = make_url(normalize_url(url))
     if sqlite_file.get_backend_name() == "sqlite" and sqlite_file.database not in (None, "", ":memory:"):
         # the embedded default lives under the user's data dir, which may not exist yet
@@ -59,7 +58,6 @@ def downgrade(url: str, revision: str = "base") -> None:
 
 
 def current_revision(url: str) -> str | None:
-    from store.queries import normalize_url
     engine = create_engine(normalize_url(url))
     try:
         with engine.connect() as conn:

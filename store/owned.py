@@ -30,20 +30,37 @@ VIEW_COLUMNS = (RequestRow.id, RequestRow.owner, RequestRow.status, RequestRow.b
 # NOTE: built once. Building a select per call costs more CPU than the query itself
 # (~0.3 ms: SQLAlchemy derives the statement's cache key on each new object).
 _VIEW_BY_ID = select(*VIEW_COLUMNS).where(RequestRow.id == bindparam("rid"))
+_VIEWS_BY_IDS = select(*VIEW_COLUMNS).where(RequestRow.id.in_(bindparam("rids", expanding=True)))
 
 
 def request_view(store: Store, request_id: str) -> Row | None:
     """The request's row (VIEW_COLUMNS, attribute access), or None. Read in autocommit
     mode: one statement, no BEGIN/ROLLBACK round trips. A pooled connection that turns out
     dead (database restarted; the API runs without pre-ping) is retried once on a new one."""
+    return _read(store, _VIEW_BY_ID, {"rid": request_id}, repr(request_id), "first")
+
+
+def request_views(store: Store, request_ids: set[str] | list[str]) -> dict[str, Row]:
+    """request_view of many ids in one SELECT (the API's grouped polls): {id: row} of
+    those that exist."""
+    if not request_ids:
+        return {}
+    rows = _read(store, _VIEWS_BY_IDS, {"rids": sorted(request_ids)},
+                 f"{len(request_ids)} request(s)", "all")
+    return {r.id: r for r in rows}
+
+
+def _read(store: Store, stmt: Any, params: dict[str, Any], what: str, fetch: str) -> Any:
+    """`conn.execute(stmt, params).<fetch>()` in autocommit mode; retried once on a dead
+    pooled connection."""
     for attempt in (1, 2):
         try:
             with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                return conn.execute(_VIEW_BY_ID, {"rid": request_id}).first()
+                return getattr(conn.execute(stmt, params), fetch)()
         except DBAPIError as exc:
             if attempt == 2 or not exc.connection_invalidated:
-                raise StoreError(f"reading request {request_id!r} failed: {exc.orig or exc}") from exc
-    return None  # unreachable
+                raise StoreError(f"reading {what} failed: {exc.orig or exc}") from exc
+    raise AssertionError("unreachable")
 
 
 def claim_request(store: Store, row: dict[str, Any], owner: str | None) -> Row | None:
@@ -73,14 +90,6 @@ def claim_requests(store: Store, items: list[tuple[dict[str, Any], str | None]])
     mine = [first[rid] == i and rid in inserted for i, rid in enumerate(r["id"] for r, _ in items)]
     views = request_views(store, {r["id"] for (r, _), new in zip(items, mine) if not new})
     return [None if new else views.get(r["id"]) for (r, _), new in zip(items, mine)]
-
-
-def request_views(store: Store, request_ids: set[str]) -> dict[str, Row]:
-    if not request_ids:
-        return {}
-    with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        rows = conn.execute(select(*VIEW_COLUMNS).where(RequestRow.id.in_(sorted(request_ids))))
-        return {r.id: r for r in rows}
 
 
 # INSERT ... ON CONFLICT (id) DO NOTHING RETURNING id, per dialect, built once (values are

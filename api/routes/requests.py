@@ -31,7 +31,7 @@ from api.sse import sse, stored_events
 from producers import RequestNotFound
 from schemas.errors import InflightError
 from store import FINAL_STATUSES, queued_row
-from store.owned import release_request, request_view
+from store.owned import release_request
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"], responses=OPENAI_ERRORS)
 PathId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
@@ -60,7 +60,7 @@ async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
 
 
 async def _owned_row(ctx: Ctx, caller: Caller, request_id: str) -> Any:
-    row = await ctx.db(request_view, ctx.store, request_id)
+    row = await ctx.views.view(request_id)  # grouped with concurrent polls
     if row is None or not owns(caller, row.owner):
         raise not_found("request", request_id)
     return row

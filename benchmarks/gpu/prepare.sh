@@ -20,7 +20,8 @@ echo "prepare: versions from $PY ($("$PY" --version))"
 # Our direct needs on the engine / benchmark / test path, and theirs (pip download --no-deps
 # fetches exactly these; keep one version of each).
 PACKAGES=(pydantic pydantic_core pydantic-settings python-dotenv annotated-types
-          typing-inspection typing_extensions orjson kafka-python SQLAlchemy alembic Mako)
+          typing-inspection typing_extensions orjson kafka-python confluent-kafka SQLAlchemy
+          alembic Mako)
 
 pins=()
 for name in "${PACKAGES[@]}"; do

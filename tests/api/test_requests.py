@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import orjson
@@ -29,7 +30,9 @@ def sse_events(resp: httpx.Response) -> Iterator[tuple[str | None, dict]]:
 def poll(http: httpx.Client, rid: str, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        body = http.get(f"/v1/requests/{rid}").json()
+        resp = http.get(f"/v1/requests/{rid}")
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
         if body["status"] not in ("queued", "running") or time.monotonic() > deadline:
             return body
         time.sleep(0.05)
@@ -57,13 +60,13 @@ def test_submit_poll_stream_match_the_engine(stack):
     engine = Engine(EngineConfig(model=str(stack.model), num_kv_blocks=128, max_num_seqs=4))
     ref = engine.generate(prompts, EP(max_tokens=12, temperature=0.0))
     for body, out in zip(done, ref):
-        assert body["status"] == "completed" and body["finish_reason"] in ("stop", "length")
-        assert body["token_ids"] == out.token_ids and body["text"] == out.text
+        assert body["status"] == "completed" and body["finish_reason"] in ("stop", "length"), body
+        assert (body["token_ids"], body["text"]) == (out.token_ids, out.text), body
         assert body["usage"]["completion_tokens"] == len(out.token_ids)
         assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + len(out.token_ids)
         assert body["timings"]["finished_at"] >= body["created_at"]
     names = [n for n, _ in events]
-    assert names[-1] == "final" and set(names[:-1]) == {"token"}
+    assert names[-1] == "final" and set(names[:-1]) == {"token"}, events
     assert streamed_text(events) == events[-1][1]["text"] == done[0]["text"]
     # finished before the stream opened: the whole text in one delta, then the final
     assert [n for n, _ in late] == ["token", "final"]
@@ -81,29 +84,42 @@ def streamed_text(events: list[tuple[str | None, dict]]) -> str:
 
 
 def test_cancel(stack):
+    """Six long requests, submitted at once and cancelled at once.
+
+    NOTE: the worker takes all six as soon as they are published, so these cancel running
+    requests. Everything is sent concurrently (the submits share one group commit) so the
+    cancels land within a few steps of the start: one at a time, on a Postgres whose
+    commits were slow under load, the first request had finished its 480 tokens before its
+    DELETE (a 200, not a 202). A request that did finish first is allowed, not required."""
     key = stack.new_key()
     long = {"prompt": "hello world", "params": {"max_tokens": 480, "ignore_eos": True,
                                                 "temperature": 0}}
-    with stack.http(key) as http:
-        warm = http.post("/v1/requests", json={"prompt": "warm", "params": {"max_tokens": 1}})
-        http.delete(f"/v1/requests/{warm.json()['id']}")  # the workers' cancel readers are live
-        ids = [http.post("/v1/requests", json=long).json()["id"] for _ in range(6)]
-        for rid in ids:  # at once: most are still queued, the first may be running
-            cancel = http.delete(f"/v1/requests/{rid}")
-            assert cancel.status_code == 202 and cancel.json()["id"] == rid
+    with stack.http(key) as http, ThreadPoolExecutor(6) as pool:
+        accepted = list(pool.map(lambda _: http.post("/v1/requests", json=long), range(6)))
+        assert [a.status_code for a in accepted] == [202] * 6
+        ids = [a.json()["id"] for a in accepted]
+        cancels = list(pool.map(lambda rid: http.delete(f"/v1/requests/{rid}"), ids))
         done = {rid: poll(http, rid) for rid in ids}
         with http.stream("GET", f"/v1/requests/{ids[-1]}/events") as resp:
             events = list(sse_events(resp))
         again = http.delete(f"/v1/requests/{ids[-1]}")
-    # a tiny model may finish a request before its cancel arrives; never all six
-    assert {d["status"] for d in done.values()} <= {"cancelled", "completed"}
-    assert sum(d["status"] == "cancelled" for d in done.values()) >= 5
-    assert all(len(d["token_ids"] or []) < 480 for d in done.values() if d["status"] == "cancelled")
-    if done[ids[-1]]["status"] == "cancelled":
-        last = events[-1]
+    for rid, cancel in zip(ids, cancels):
+        assert cancel.json()["id"] == rid
+        # 202: cancel sent; 200: it had already finished (the body says how)
+        assert cancel.status_code == 202 or (cancel.status_code == 200 and cancel.json()[
+            "status"] == done[rid]["status"] == "completed"), (cancel.status_code, cancel.text)
+    statuses = {rid: (d["status"], len(d["token_ids"] or [])) for rid, d in done.items()}
+    assert all(st == "cancelled" and n < 480 or st == "completed" and n == 480
+               for st, n in statuses.values()), statuses
+    assert any(st == "cancelled" for st, _ in statuses.values()), statuses
+    final = done[ids[-1]]
+    last = events[-1]
+    if final["status"] == "cancelled":
         assert (last[0], last[1].get("finish_reason", last[1].get("code"))) in (
             ("final", "abort"), ("error", "cancelled"))
-    assert again.status_code == 200 and again.json()["status"] == done[ids[-1]]["status"]
+    else:
+        assert last[0] == "final" and last[1]["token_ids"] == final["token_ids"]
+    assert again.status_code == 200 and again.json()["status"] == final["status"]
 
 
 def test_same_request_id_is_one_request(stack):

@@ -249,6 +249,12 @@ class FlakyProducer:
             raise self.exc
         return self.real.send(topic, key=key, value=value, headers=headers, partition=partition)
 
+    def send_untracked(self, topic, key, value, partition, on_error):
+        if self.left and self.match(topic, key, value):
+            self.left -= 1
+            raise self.exc
+        self.real.send_untracked(topic, key, value, partition, on_error)
+
     def __getattr__(self, name):
         return getattr(self.real, name)
 
@@ -289,8 +295,8 @@ def test_a_final_too_large_for_kafka_becomes_a_small_error_final(broker, tmp_pat
     """Over our own limit (known before sending) and refused by the producer (its
     max_request_size; a broker limit answers the same way, later): either way the request
     ends with a `message_too_large` error final, and the next request still completes."""
+    from consumers.rd_producer import results_producer
     from producers.client import Client
-    from schemas.kafka_clients import producer
 
     settings = make_settings(broker, f"sqlite:///{tmp_path / 'x.db'}", partitions=1,
                              kafka_max_message_bytes=60_000)
@@ -302,7 +308,7 @@ def test_a_final_too_large_for_kafka_becomes_a_small_error_final(broker, tmp_pat
         _spin(worker, lambda: len(engine.requests) == 1)
         engine.released.add("big0")
         _spin(worker, lambda: not worker.intake.jobs)
-        worker.publisher.producer = producer(settings, max_request_size=20_000)
+        worker.publisher.producer = results_producer(settings, **{"message.max.bytes": 20_000})
         engine.tokens = 5000                  # ~30 KB: under our limit, over the producer's
         _submit(client, "big1", "small")
         _spin(worker, lambda: len(engine.requests) == 2)

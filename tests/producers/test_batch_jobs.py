@@ -224,6 +224,63 @@ def test_racing_sweepers_finalize_once(db_url):
             s.close()
 
 
+@pytest.mark.parametrize("lands", ["after_the_end", "while_files_are_written"])
+def test_a_stale_count_never_shows_on_an_ended_batch(db_url, lands):
+    """Sweeper A counts the requests, then stalls (CPU, a SQLite write lock) before writing
+    its count, while sweeper B ends the cancel; A's old count (nothing done yet) lands after
+    the end, or while B writes the files. The ended batch shows the counts its files hold.
+    (A cancelled batch showing 0 completed made the e2e cancel test flaky.)"""
+    a, other = Store(db_url, create=True), Store(db_url)
+    try:
+        b = new_batch(a, lines(4))
+        jobs.validate_and_enqueue(ctx_for(a), b.id)
+        ids = [request_id_for(b.id, f"c{i}") for i in range(4)]
+        counted, go = threading.Event(), threading.Event()
+        count = a.count_by_status
+
+        def stalled(batch_id=None):
+            c = count(batch_id)
+            counted.set()
+            assert go.wait(30)
+            return c
+
+        a.count_by_status = stalled  # type: ignore[method-assign]
+        stale = threading.Thread(target=jobs.sweep, args=(ctx_for(a),),
+                                 kwargs={"batch_ids": [b.id]})
+        stale.start()
+        assert counted.wait(30)
+
+        def land():
+            go.set()
+            stale.join()
+
+        if lands == "while_files_are_written":
+            create_file = other.create_file
+
+            def create_then_land(*args, **kw):
+                row = create_file(*args, **kw)
+                if not go.is_set():
+                    land()
+                return row
+
+            other.create_file = create_then_land  # type: ignore[method-assign]
+        ctx = ctx_for(other)
+        finish(other, ids[:2])
+        jobs.cancel_batch(other, ctx.publisher, b.id)
+        finish(other, ids[2:], "cancelled")
+        assert jobs.sweep(ctx, batch_ids=[b.id]).cancelled == [b.id]
+        land()
+        assert go.is_set() and not stale.is_alive()
+        b = other.get_batch(b.id)
+        assert b.status == "cancelled"
+        assert (b.request_completed, b.request_failed, b.request_cancelled) == (2, 0, 2)
+        jobs.sweep(ctx_for(a), batch_ids=[b.id])  # later sweeps leave it alone too
+        assert other.get_batch(b.id).request_completed == 2
+    finally:
+        a.close()
+        other.close()
+
+
 def _age(store, bid, **cols):
     with store.session() as s:
         s.execute(update(BatchRow).where(BatchRow.id == bid).values(**cols))
@@ -325,13 +382,17 @@ def test_sweep_sends_a_dead_enqueue_again(store):
     b = new_batch(store, lines(3))
     ctx = ctx_for(store, batch_lease_s=1.0)
     sent = []
-    assert jobs.sweep(ctx, dispatch_enqueue=sent.append).redispatched == []  # fresh: wait
+
+    def redispatched():  # this batch only (on Postgres, other tests' batches share the tables)
+        return jobs.sweep(ctx, dispatch_enqueue=sent.append, batch_ids=[b.id]).redispatched
+
+    assert redispatched() == []  # fresh: wait
     _age(store, b.id, created_at=b.created_at - timedelta(seconds=5))
     assert store.claim_batch(b.id, "enqueue:dead", ttl_s=60)                  # a live task
-    assert jobs.sweep(ctx, dispatch_enqueue=sent.append).redispatched == []
+    assert redispatched() == []
     _age(store, b.id, lease_until=b.created_at)                               # ...that died
-    assert jobs.sweep(ctx, dispatch_enqueue=sent.append).redispatched == [b.id]
-    assert jobs.sweep(ctx, dispatch_enqueue=sent.append).redispatched == []  # marker holds
+    assert redispatched() == [b.id]
+    assert redispatched() == []  # marker holds
     assert sent == [b.id]
     # the task that was sent takes the marker's lease over and does the work
     assert jobs.validate_and_enqueue(ctx, b.id) == "enqueued"

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from schemas import NotFoundError
+from schemas import NotFoundError, StoreError
 from store import BATCH_PREDECESSORS, BATCH_STATUSES, Store
 
 
@@ -131,6 +131,34 @@ def test_progress_fields_and_counts(store: Store):
     b = store.refresh_batch_counts(bid)
     assert (b.lines_validated, b.request_total, b.request_completed, b.request_failed,
             b.request_expired, b.request_cancelled, b.request_done) == (10, 3, 1, 1, 1, 0, 3)
+    # an ended batch keeps the counts it ended with (set by the sweep that ended it)
+    store.transition_batch(bid, "in_progress")
+    assert store.transition_batch(bid, "cancelling")
+    assert store.transition_batch(bid, "cancelled", request_completed=1, request_cancelled=2)
+    store.upsert_requests([{"id": f"{bid}:d", "status": "completed"}])
+    b = store.refresh_batch_counts(bid)
+    assert (b.request_completed, b.request_cancelled) == (1, 2)
+
+
+def test_insert_requests_in_bulk(store: Store):
+    """The enqueue's rows: as many as a chunk, some already stored (kept as they are); on
+    Postgres one array per column (an overlong value is refused, not cut)."""
+    bid = new(store)
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    store.insert_requests([{"id": f"{bid}:0", "status": "completed", "batch_id": bid}])
+    store.insert_requests([{"id": f"{bid}:{i}", "batch_id": bid, "custom_id": f"c{i}",
+                            "owner": None if i % 2 else "o", "priority": 10,
+                            "created_at": at} for i in range(1200)])
+    rows = {r.id: r for r in store.list_batch(bid, limit=2000)}
+    assert len(rows) == 1200 and rows[f"{bid}:0"].status == "completed"
+    r = rows[f"{bid}:7"]
+    assert (r.status, r.custom_id, r.owner, r.priority, r.created_at, r.attempts) == (
+        "queued", "c7", None, 10, at, 0)
+    assert rows[f"{bid}:8"].owner == "o" and rows[f"{bid}:8"].prompt is None
+    if store.dialect == "postgresql":
+        with pytest.raises(StoreError):
+            store.insert_requests([{"id": f"{bid}:long", "custom_id": "x" * 600}])
+        assert store.get_request(f"{bid}:long") is None
 
 
 def test_list_newest_first_with_cursor_and_owner(store: Store):

@@ -48,3 +48,16 @@ def test_claim_many_in_one_transaction(store: Store):
     assert (got[1].id, got[1].owner) == ("m0", "bob")              # there before
     assert (got[3].id, got[3].owner) == ("m2", "alice")            # the first of two wins
     assert store.get_request("m2").prompt == "first"
+
+
+def test_views_of_many_ids_in_one_select(store: Store):
+    from store.owned import request_views
+
+    for rid, owner in (("v1", "alice"), ("v2", "bob")):
+        claim_request(store, queued_row(InferenceRequest(request_id=rid, prompt="x")), owner)
+    store.upsert_requests([final_row(FinalEvent(request_id="v2", text="hi", finish_reason="stop"))])
+    views = request_views(store, ["v2", "v1", "nope", "v1"])
+    assert sorted(views) == ["v1", "v2"] and request_views(store, []) == {}
+    assert (views["v1"].owner, views["v1"].status) == ("alice", "queued")
+    assert (views["v2"].owner, views["v2"].output) == ("bob", "hi")
+    assert views["v2"] == request_view(store, "v2")
