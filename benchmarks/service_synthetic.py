@@ -304,8 +304,11 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
         print(f"  {label}: latency p50 {out['p50_s']:.3f}s p99 {out['p99_s']:.3f}s", flush=True)
 
         if not args.skip_token_check:
-            topic = s.topic_results_tokens if label == "after" else s.topic_results
-            counts = count_tokens(s, topic, set(ids))
+            # token events: on inflight.results.tokens since issue 10, on inflight.results
+            # before (f1e85d1); a worker uses one of the two
+            counts = count_tokens(s, s.topic_results_tokens, set(ids))
+            if not counts:
+                counts = count_tokens(s, s.topic_results, set(ids))
             out["tokens_missing"] = sum(max(args.stream_tokens - counts.get(rid, 0), 0)
                                         for rid in ids)
     finally:
