@@ -157,7 +157,7 @@ def crossover(threads: int) -> list[tuple]:
     import torch
     import torch.nn.functional as F
 
-    from kernels.quant import dequantize_w4, dequantize_w8
+    from kernels.quant import dequantize_w4_grouped, dequantize_w8
     from kernels.quant_cpu import Int4PackedCPU, w8a16_matmul_cpu
     from engine.quant.rtn import quantize_w4, quantize_w8
 
@@ -191,7 +191,7 @@ def crossover(threads: int) -> list[tuple]:
                          timed(lambda: [w8a16_matmul_cpu(x, q.qweight, s) for x, q, s in zip(xs, q8, s8)]),
                          timed(lambda: [F.linear(x, dequantize_w8(q.qweight, q.scales, x.dtype)) for x, q in zip(xs, q8)]),
                          timed(lambda: [p.matmul(x) for x, p in zip(xs, p4)]),
-                         timed(lambda: [F.linear(x, dequantize_w4(q.qweight, q.scales, q.zeros, 128, x.dtype))
+                         timed(lambda: [F.linear(x, dequantize_w4_grouped(q.qweight, q.scales, q.zeros, 128, x.dtype))
                                         for x, q in zip(xs, q4)])))
     return rows
 

@@ -231,7 +231,7 @@ class Store(BatchQueries, FileQueries):
     def _pg_upsert_sql(self) -> tuple[str, Any]:
         """Postgres: the upsert of _upsert_stmt as one statement over column arrays,
 
-            INSERT INTO requests (id, ...) SELECT t.id, ... FROM unnest(%(id)s::VARCHAR(128)[],
+            INSERT INTO requests (id, ...) SELECT t.id, ... FROM unnest(%(id)s::TEXT[],
                 ...) AS t(id, ...) ON CONFLICT ...              -- the same rule, same text
 
         and the function that turns rows into its parameters (one list per column).
@@ -252,8 +252,12 @@ class Store(BatchQueries, FileQueries):
             json_cols = {c for c, t in types.items() if t == "JSONB"}
             time_cols = {c for c, t in types.items() if "TIMESTAMP" in t}
             cols = _REQUEST_COLUMNS
-            arrays = ", ".join(f"%({c})b::{'TEXT' if c in json_cols else types[c]}[]"
-                               for c in cols)  # binary: no per-element escaping
+            # binary arrays: no per-element escaping. JSON and VARCHAR(n) columns travel as
+            # TEXT[]: an explicit ::VARCHAR(n)[] cast would cut a long value silently, where
+            # the insert's assignment into the column refuses it (like every other path)
+            array_type = {c: "TEXT" if c in json_cols or t.startswith("VARCHAR") else t
+                          for c, t in types.items()}
+            arrays = ", ".join(f"%({c})b::{array_type[c]}[]" for c in cols)
             select = ", ".join(f"t.{c}::JSONB" if c in json_cols else f"t.{c}" for c in cols)
             sql = (f"INSERT INTO {table.name} ({', '.join(cols)}) SELECT {select} "
                    f"FROM unnest({arrays}) AS t({', '.join(cols)}){on_conflict}")

@@ -7,9 +7,12 @@ Hessian of the layer's inputs, so the layer's *outputs* on calibration data move
     for each column i:   q_i = quant(w_i);  e = (w_i - q_i) / U[i, i]
                          w_j -= e * U[i, j]   for every j > i
 
-Columns go in their natural order (no act-order), in blocks of 128 with lazy updates of
-the columns after the block; w4 group parameters are taken at each group's first column
-from the already-updated weights (static groups, the layout the kernels read).
+Columns go by decreasing H diagonal (act-order: the inputs with the most energy first),
+in blocks of 128 with lazy updates of the columns after the block. w4 groups stay static:
+each group's scale and zero come from the weights before any update, so the stored layout
+(groups of consecutive K, what the kernels read) is unchanged by the visiting order.
+`act_order=False` visits columns in order and takes a group's parameters at its first
+column from the already-updated weights.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.quant.config import QuantConfig
-from kernels.quant import dequantize_w4, dequantize_w8, num_groups
+from kernels.quant import dequantize_w4_grouped, dequantize_w8, num_groups
 from kernels.quant_cpu import (INT4_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS, PACKED_DTYPES,
                                Int4PackedCPU, aligned, w8a16_matmul_cpu)
 from schemas.errors import ModelError
@@ -93,7 +93,8 @@ class W4Linear:
         return F.linear(x, self.dequantized(x.dtype), self.bias)
 
     def dequantized(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return dequantize_w4(self.qweight, self.scales, self.zeros, self.group_size, dtype or self.dtype)
+        return dequantize_w4_grouped(self.qweight, self.scales, self.zeros, self.group_size,
+                                     dtype or self.dtype)
 
 
 def _cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:

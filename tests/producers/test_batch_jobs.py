@@ -195,16 +195,30 @@ def test_sweep_finalizes_with_output_and_error_files(store):
     assert jobs.sweep(ctx).completed == []  # nothing left to do
 
 
-def test_racing_sweepers_finalize_once(db_url):
-    """Six sweepers (own connections) at once, many rounds: one completion, one output file."""
+@pytest.mark.parametrize("end", ["completed", "expired", "cancelled"])
+def test_racing_sweepers_end_a_batch_once(db_url, end):
+    """Six sweepers (own connections) at once, many rounds, on a batch that is done, past
+    its window, or cancelled: one of them ends it, with one output file and the counts of
+    what that file holds."""
     stores = [Store(db_url, create=i == 0) for i in range(6)]
     try:
-        b, _ = _ready(stores[0], n=40, failed=0)
+        if end == "completed":
+            b, ids = _ready(stores[0], n=40, failed=0)
+        else:  # 10 done, 30 still running
+            b = new_batch(stores[0], lines(40))
+            jobs.validate_and_enqueue(ctx_for(stores[0]), b.id)
+            ids = [request_id_for(b.id, f"c{i}") for i in range(40)]
+            finish(stores[0], ids[30:])
+            stores[0].upsert_requests([{"id": i, "status": "running"} for i in ids[:30]])
+            if end == "expired":
+                _age(stores[0], b.id, expires_at=b.created_at)
+            else:
+                jobs.cancel_batch(stores[0], Recorder(), b.id)
         reports = []
         barrier = threading.Barrier(len(stores))
 
         def run(s):
-            ctx = ctx_for(s)
+            ctx = ctx_for(s, batch_cancel_grace_s=0.0)
             barrier.wait()
             for _ in range(5):
                 reports.append(jobs.sweep(ctx, batch_ids=[b.id]))
@@ -214,11 +228,16 @@ def test_racing_sweepers_finalize_once(db_url):
             t.start()
         for t in threads:
             t.join()
-        assert sum(len(r.completed) for r in reports) == 1
+        assert sum(len(getattr(r, end)) for r in reports) == 1
         with stores[0].session() as s:
             files = s.scalars(select(FileRow.id).where(FileRow.filename.startswith(b.id))).all()
         b = stores[0].get_batch(b.id)
-        assert b.status == "completed" and list(files) == [b.output_file_id]
+        assert b.status == end
+        assert sorted(files) == sorted(f for f in (b.output_file_id, b.error_file_id) if f)
+        unfinished = 0 if end == "completed" else 30  # ids[:30] were still running
+        assert (b.request_completed, getattr(b, f"request_{end}", 0)) == (
+            40 - unfinished, unfinished or 40)
+        assert stores[0].get_file(b.output_file_id).line_count == 40 - unfinished
     finally:
         for s in stores:
             s.close()

@@ -228,3 +228,15 @@ def test_any_order_of_updates_ends_in_the_first_final(store: Store, seq, batched
             expect = row
     got = store.get_request(rid)
     assert (got.status, got.output) == (expect["status"], expect["output"])
+
+
+def test_a_value_too_long_for_its_column_is_refused_not_cut(store: Store):
+    """Postgres' unnest upsert must not cast its arrays to VARCHAR(n)[] (an explicit cast
+    cuts a long value silently); the column refuses it, as every other write path does."""
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite does not enforce VARCHAR lengths")
+    with pytest.raises(StoreError):
+        store.upsert_requests([final("long-worker", "x", worker="w" * 300)])
+    assert store.get_request("long-worker") is None
+    store.upsert_requests([final("ok-worker", "x", worker="w" * 256)])
+    assert store.get_request("ok-worker").worker == "w" * 256
