@@ -256,8 +256,10 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
                    stream_threads_cpu_s=_thread_delta(rep0, rep1), stream_broker_cpu_s=db,
                    stream_postgres_cpu_s=dpg)
         out["stream_engine_done_s"] = rep1["last_finish"] - t0
+        out["stream_engine_steps"] = rep1["steps"] - rep0["steps"]
         print(f"  {label}: stream {tokens} tokens in {end - t0:.2f}s (the engine's last at "
-              f"{rep1['last_finish'] - t0:.2f}s); CPU s worker {dw:.2f} "
+              f"{rep1['last_finish'] - t0:.2f}s, {out['stream_engine_steps']} steps); "
+              f"CPU s worker {dw:.2f} "
               f"{_fmt_threads(out['stream_threads_cpu_s'])}, recorder {dr:.2f}, broker "
               f"{db:.2f}, Postgres {dpg:.2f}", flush=True)
 
