@@ -95,7 +95,7 @@ class LayerWeights:
     down: Linear
 
 
-def _load_tensors(folder: pathlib.Path) -> dict[str, torch.Tensor]:
+def load_tensors(folder: pathlib.Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     files = sorted(folder.glob("*.safetensors"))
@@ -118,7 +118,7 @@ class LlamaModel:
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
         self.scale = cfg.head_dim ** -0.5
-        t = _load_tensors(folder)
+        t = load_tensors(folder)
 
         def stored(name: str, required: bool = True) -> torch.Tensor | None:
             for prefix in ("model.", ""):

@@ -3,27 +3,10 @@
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
-import orjson
-
+from inflight import cli_io
 from schemas import Settings
-
-
-def _out(args: Any, human: str, data: Any) -> None:
-    if getattr(args, "json", False):
-        sys.stdout.write(orjson.dumps(data).decode() + "\n")
-    else:
-        print(human)
-    sys.stdout.flush()
-
-
-def _store(settings: Settings):
-    from store import Store
-
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # the embedded SQLite self-migrates
-    return Store.embedded(settings.database_url)
 
 
 def _key_dict(info: Any) -> dict[str, Any]:
@@ -43,9 +26,9 @@ def cmd_api(args: Any, settings: Settings) -> int:
 def cmd_keys_create(args: Any, settings: Settings) -> int:
     from api.keys import create_key
 
-    with _store(settings) as store:
+    with cli_io.store(settings) as store:
         new = create_key(store, args.name, owner=args.owner)
-    _out(args, f"{new.token}\n(key {new.info.id}, owner {new.info.owner}: shown once, store "
+    cli_io.out(args, f"{new.token}\n(key {new.info.id}, owner {new.info.owner}: shown once, store "
                "it now; only its hash is kept)",
          {"key": new.token, **_key_dict(new.info)})
     return 0
@@ -54,12 +37,12 @@ def cmd_keys_create(args: Any, settings: Settings) -> int:
 def cmd_keys_list(args: Any, settings: Settings) -> int:
     from api.keys import all_keys
 
-    with _store(settings) as store:
+    with cli_io.store(settings) as store:
         keys = all_keys(store)
     lines = [f"{k.id}  {k.name:<24} owner={k.owner}  created={k.created_at:%Y-%m-%d %H:%M}"
              + (f"  REVOKED {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "")
              for k in keys]
-    _out(args, "\n".join(lines) or "no keys (create one: inflight keys create NAME)",
+    cli_io.out(args, "\n".join(lines) or "no keys (create one: inflight keys create NAME)",
          [_key_dict(k) for k in keys])
     return 0
 
@@ -67,12 +50,12 @@ def cmd_keys_list(args: Any, settings: Settings) -> int:
 def cmd_keys_revoke(args: Any, settings: Settings) -> int:
     from api.keys import revoke
 
-    with _store(settings) as store:
+    with cli_io.store(settings) as store:
         info = revoke(store, args.id)
     if info is None:
-        _out(args, f"{args.id}: not found", {"id": args.id, "status": "not_found"})
+        cli_io.out(args, f"{args.id}: not found", {"id": args.id, "status": "not_found"})
         return 1
-    _out(args, f"{info.id} revoked (refused by running APIs within INFLIGHT_API_KEY_CACHE_S="
+    cli_io.out(args, f"{info.id} revoked (refused by running APIs within INFLIGHT_API_KEY_CACHE_S="
                f"{settings.api_key_cache_s:g}s)", _key_dict(info))
     return 0
 

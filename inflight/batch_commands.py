@@ -8,33 +8,16 @@ is published, the batch fails validation, or --no-wait.
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from inflight import cli_io
 from schemas import Settings
 from schemas.errors import SchemaError
 
 HINT_AFTER_S = 15.0  # no validation progress by then: say that `inflight jobs` must run
-
-
-def _out(args: Any, human: str, data: Any) -> None:
-    if getattr(args, "json", False):
-        sys.stdout.write(orjson.dumps(data).decode() + "\n")
-    else:
-        print(human)
-    sys.stdout.flush()
-
-
-def _client(settings: Settings) -> Any:
-    from producers.client import Client
-
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    return Client(settings)
 
 
 def _metadata(pairs: list[str] | None) -> dict[str, str] | None:
@@ -102,7 +85,7 @@ def _follow(client: Any, batch_id: str, line_count: int, show: bool, timeout: fl
 def cmd_create(args: Any, settings: Settings) -> int:
     from producers.batch_jobs import batch_object
 
-    client = _client(settings)
+    client = cli_io.client(settings)
     try:
         show = not args.json and sys.stderr.isatty() or args.progress
         b = client.create_batch(Path(args.file), endpoint=args.endpoint,
@@ -114,7 +97,7 @@ def cmd_create(args: Any, settings: Settings) -> int:
             f = client.store.require_file(b.input_file_id)
             b = _follow(client, b.id, f.line_count, show, args.timeout)
         if args.json:
-            _out(args, "", batch_object(b))
+            cli_io.out(args, "", batch_object(b))
         else:
             print(_human(b))
         return 1 if b.status == "failed" else 0
@@ -125,10 +108,10 @@ def cmd_create(args: Any, settings: Settings) -> int:
 def cmd_status(args: Any, settings: Settings) -> int:
     from producers.batch_jobs import batch_object
 
-    client = _client(settings)
+    client = cli_io.client(settings)
     try:
         b = client.wait_batch(args.id, timeout=args.timeout) if args.wait else client.get_batch(args.id)
-        _out(args, _human(b), batch_object(b))
+        cli_io.out(args, _human(b), batch_object(b))
         return 0
     finally:
         client.close()
@@ -137,12 +120,12 @@ def cmd_status(args: Any, settings: Settings) -> int:
 def cmd_list(args: Any, settings: Settings) -> int:
     from producers.batch_jobs import batch_object
 
-    client = _client(settings)
+    client = cli_io.client(settings)
     try:
         rows = client.list_batches(limit=args.limit, after=args.after)
         if args.json:
             for b in rows:
-                _out(args, "", batch_object(b))
+                cli_io.out(args, "", batch_object(b))
         else:
             for b in rows:
                 c = b.request_counts
@@ -158,10 +141,10 @@ def cmd_list(args: Any, settings: Settings) -> int:
 def cmd_cancel(args: Any, settings: Settings) -> int:
     from producers.batch_jobs import batch_object
 
-    client = _client(settings)
+    client = cli_io.client(settings)
     try:
         b = client.cancel_batch(args.id)
-        _out(args, f"{b.id}: {b.status} (the sweep ends it `cancelled` once its running "
+        cli_io.out(args, f"{b.id}: {b.status} (the sweep ends it `cancelled` once its running "
                    "requests have stopped)", batch_object(b))
         return 0
     finally:
@@ -169,7 +152,7 @@ def cmd_cancel(args: Any, settings: Settings) -> int:
 
 
 def cmd_results(args: Any, settings: Settings) -> int:
-    client = _client(settings)
+    client = cli_io.client(settings)
     try:
         b = client.get_batch(args.id)
         counts = {}

@@ -11,25 +11,8 @@ from typing import Any
 
 import orjson
 
-from schemas import SamplingParams, SchemaError, Settings, parse_batch_line
-
-
-def _out(args: Any, human: str, data: Any) -> None:
-    if getattr(args, "json", False):
-        sys.stdout.write(orjson.dumps(data).decode() + "\n")
-    else:
-        print(human)
-    sys.stdout.flush()
-
-
-def _client(settings: Settings):
-    import logging
-
-    from producers.client import Client
-
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # the embedded SQLite self-migrates
-
-    return Client(settings)
+from inflight import cli_io
+from schemas import SchemaError, Settings, parse_batch_line
 
 
 def _params(args: Any) -> dict[str, Any]:
@@ -66,7 +49,7 @@ def _result_human(res: Any) -> str:
 
 
 def cmd_submit(args: Any, settings: Settings) -> int:
-    client = _client(settings)
+    client = cli_io.client(settings)
     try:
         if args.file:
             return _submit_file(args, client)
@@ -80,12 +63,12 @@ def cmd_submit(args: Any, settings: Settings) -> int:
         if args.chat:
             kw["messages"] = [{"role": "user", "content": prompt}]
         rid = client.submit(None if args.chat else prompt, _params(args) or None, **kw)
-        _out(args, rid, {"request_id": rid, "status": "submitted"})
+        cli_io.out(args, rid, {"request_id": rid, "status": "submitted"})
         if args.stream:
             return _stream(args, client, rid)
         if args.wait:
             res = client.wait(rid, timeout=args.timeout)
-            _out(args, _result_human(res), res.to_dict())
+            cli_io.out(args, _result_human(res), res.to_dict())
             return 0 if res.done else 1
         return 0
     finally:
@@ -105,16 +88,16 @@ def _submit_file(args: Any, client: Any) -> int:
                 bad += 1
                 print(f"{args.file}: {exc.message}", file=sys.stderr)
     ids = client.submit_many(reqs, progress=None if not args.json else False)
-    _out(args, f"submitted {len(ids)} requests from {args.file}" + (f" ({bad} bad lines skipped)" if bad else ""),
+    cli_io.out(args, f"submitted {len(ids)} requests from {args.file}" + (f" ({bad} bad lines skipped)" if bad else ""),
          {"submitted": len(ids), "bad_lines": bad, "request_ids": ids})
     return 1 if bad else 0
 
 
 def cmd_result(args: Any, settings: Settings) -> int:
-    client = _client(settings)
+    client = cli_io.client(settings)
     try:
         res = client.wait(args.id, timeout=args.timeout) if args.wait else client.result(args.id)
-        _out(args, _result_human(res), res.to_dict())
+        cli_io.out(args, _result_human(res), res.to_dict())
         return 0 if res.found else 1
     finally:
         client.close()
@@ -126,7 +109,7 @@ def _stream(args: Any, client: Any, rid: str) -> int:
     printed = False
     for event in client.stream(rid, timeout=args.timeout):
         if args.json:
-            _out(args, "", event.model_dump(mode="json"))
+            cli_io.out(args, "", event.model_dump(mode="json"))
         elif isinstance(event, TokenEvent):
             if event.index == 0 and printed:  # a new attempt (the request was redone)
                 print("\n[restarted on another attempt]")
@@ -144,21 +127,21 @@ def _stream(args: Any, client: Any, rid: str) -> int:
 def cmd_stream(args: Any, settings: Settings) -> int:
     from producers.client import RequestNotFound
 
-    client = _client(settings)
+    client = cli_io.client(settings)
     try:
         return _stream(args, client, args.id)
     except RequestNotFound as exc:
-        _out(args, str(exc), {"request_id": args.id, "status": "not_found", "message": str(exc)})
+        cli_io.out(args, str(exc), {"request_id": args.id, "status": "not_found", "message": str(exc)})
         return 1
     finally:
         client.close()
 
 
 def cmd_cancel(args: Any, settings: Settings) -> int:
-    client = _client(settings)
+    client = cli_io.client(settings)
     try:
         client.cancel(args.id)
-        _out(args, f"cancel sent for {args.id}", {"request_id": args.id, "status": "cancel_sent"})
+        cli_io.out(args, f"cancel sent for {args.id}", {"request_id": args.id, "status": "cancel_sent"})
         return 0
     finally:
         client.close()

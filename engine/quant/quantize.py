@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from engine.model import ModelConfig
+from engine.model import ModelConfig, load_tensors
 from engine.quant.calibrate import gptq_model
 from engine.quant.calibration import calibration_text, text_digest, token_windows
 from engine.quant.config import LINEAR_NAMES, QuantConfig
@@ -40,14 +40,7 @@ CALIB_SEQ_LEN = 256
 
 
 def _load(folder: pathlib.Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelError(f"{folder} has no *.safetensors weights")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        tensors.update(load_file(str(f)))
+    tensors = load_tensors(folder)
     # one naming for the rest of this module: "model.layers.0...", "model.embed_tokens..."
     return {(k if k.startswith(("model.", "lm_head.")) else "model." + k): v for k, v in tensors.items()}
 
