@@ -36,6 +36,8 @@ import logging
 import time
 from typing import Any
 
+from confluent_kafka import KafkaError as RdError
+from confluent_kafka import KafkaException, Producer
 from kafka.errors import (InvalidRecordError, KafkaError, KafkaTimeoutError,
                           MessageSizeTooLargeError, RecordListTooLargeError,
                           UnsupportedForMessageFormatError)
@@ -123,8 +125,6 @@ class RdProducer:
     """confluent_kafka.Producer with kafka-python's send() (see the module doc)."""
 
     def __init__(self, settings: Settings, **overrides: Any):
-        from confluent_kafka import Producer
-
         config: dict[str, Any] = {
             **settings.rdkafka_common(),
             "acks": "all", "linger.ms": 2,
@@ -144,8 +144,6 @@ class RdProducer:
     def send(self, topic: str, key: bytes | None = None, value: bytes | None = None,
              headers: list[tuple[str, bytes]] | None = None,
              partition: int | None = None) -> Delivery:
-        from confluent_kafka import KafkaException
-
         fut = Delivery(self)
         self._produce(self._p, topic, key, value, partition, fut._delivered, headers)
         return fut
@@ -162,8 +160,6 @@ class RdProducer:
 
     def _produce(self, p: Any, topic: str, key: bytes | None, value: bytes | None,
                  partition: int | None, report: Any, headers: Any) -> None:
-        from confluent_kafka import KafkaException
-
         deadline = None
         while True:
             try:
@@ -208,8 +204,6 @@ class RdProducer:
 
 def kafka_error(err: Any) -> KafkaError:
     """A librdkafka KafkaError as the kafka-python exception consumers.endings sorts on."""
-    from confluent_kafka import KafkaError as RdError
-
     code = err.code()
     text = f"{err.name()}: {err.str()}"
     if code == RdError.MSG_SIZE_TOO_LARGE:

@@ -103,3 +103,25 @@ def test_observe_many_equals_observe_one_by_one():
                         for s in m.samples if not s.name.endswith("_created")}
                for m in reg.collect()}
     assert samples["one"] == samples["many"] and samples["one"][("_count", ())] == len(values)
+
+
+def test_observe_many_with_weights_equals_repeated_observes():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from consumers.engine_metrics import ITL_BUCKETS, observe_many
+
+    values, weights = [0.01, 0.3, 7.5], [3, 1, 2]
+    reg = CollectorRegistry()
+    one = Histogram("one", "x", buckets=ITL_BUCKETS, registry=reg)
+    many = Histogram("many", "x", buckets=ITL_BUCKETS, registry=reg)
+    for v, n in zip(values, weights):
+        for _ in range(n):
+            one.observe(v)
+    observe_many(many, values, weights)
+    samples = {m.name: {s.name.removeprefix(m.name) + str(sorted(s.labels.items())): s.value
+                        for s in m.samples if not s.name.endswith("_created")}
+               for m in reg.collect()}
+    assert samples["many"].keys() == samples["one"].keys()
+    for key, v in samples["one"].items():
+        assert abs(samples["many"][key] - v) < 1e-9, key
+    assert samples["many"]["_count[]"] == 6
