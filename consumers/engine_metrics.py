@@ -98,10 +98,13 @@ class EngineMetrics:
     def observe_outputs(self, outputs: Iterable[Any], now: float) -> None:
         """One step's RequestOutputs; `now` = when the step returned.
 
-        NOTE: this runs once per output of every step (per token, at GPU rates): counters
-        and the inter-token histogram are updated once per call, not once per output, and
-        the inter-token gaps are gathered by the previous token's time (most requests of
-        a step share it: their previous step's), so one bucket lookup serves them all."""
+        NOTE: the worker's publisher does not call this: it gathers the same figures in
+        its own pass over a step's outputs (one pass, not two, per token at GPU rates;
+        the previous token's time kept on its per-request state) and hands them to
+        observe_first / observe_tokens / observe_finished. This is the same bookkeeping
+        for a caller without per-request state of its own. The inter-token gaps are
+        gathered by the previous token's time (most requests of a step share it: their
+        previous step's), so one bucket lookup serves them all."""
         last = self._last_token_at
         tokens, gaps = 0, {}
         for out in outputs:
@@ -111,19 +114,32 @@ class EngineMetrics:
                 tokens += n
                 prev = last.get(rid)
                 if prev is None:
-                    first = out.first_token_time or now
-                    self.ttft.observe(max(0.0, first - out.arrival_time))
-                    self.prompt_tokens.inc(out.num_prompt_tokens)
-                    last[rid] = first
+                    last[rid] = self.observe_first(out, now)
                 else:
                     gaps[prev] = gaps.get(prev, 0) + 1
                     last[rid] = now
             if out.finished:
                 last.pop(rid, None)
-                reason = out.finish_reason if out.finish_reason in self.success else "error"
-                self.success[reason].inc()
-                if reason != "error" and out.finish_time is not None:
-                    self.e2e.observe(max(0.0, out.finish_time - out.arrival_time))
+                self.observe_finished(out)
+        self.observe_tokens(tokens, gaps, now)
+
+    def observe_first(self, out: Any, now: float) -> float:
+        """A request's first token(s) (TTFT, its prompt tokens); returns the time of its
+        first token, from which its next inter-token gap counts."""
+        first = out.first_token_time or now
+        self.ttft.observe(max(0.0, first - out.arrival_time))
+        self.prompt_tokens.inc(out.num_prompt_tokens)
+        return first
+
+    def observe_finished(self, out: Any) -> None:
+        reason = out.finish_reason if out.finish_reason in self.success else "error"
+        self.success[reason].inc()
+        if reason != "error" and out.finish_time is not None:
+            self.e2e.observe(max(0.0, out.finish_time - out.arrival_time))
+
+    def observe_tokens(self, tokens: int, gaps: dict[float, int], now: float) -> None:
+        """One step's generated tokens, and its inter-token gaps as {previous token's time:
+        how many requests had theirs then} (each ends at `now`)."""
         if tokens:
             self.generation_tokens.inc(tokens)
         if gaps:

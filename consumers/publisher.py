@@ -59,6 +59,7 @@ class _Stream:
     texts: list[str] = field(default_factory=list)
     dirty: bool = False
     handed_back: bool = False
+    last_at: float = 0.0           # when its last token came (0: none yet), for the metrics
 
 
 class Publisher:
@@ -186,10 +187,7 @@ class Publisher:
     def handle(self, item: tuple[str, Any]) -> None:
         kind, payload = item
         if kind == OUTPUTS:
-            outputs, at = payload
-            if self.engine_metrics is not None:
-                self.engine_metrics.observe_outputs(outputs, at)
-            self._outputs(outputs)
+            self._outputs(*payload)
         elif kind == ADMIT:
             self._admit(payload)
         elif kind == REJECT:
@@ -214,18 +212,34 @@ class Publisher:
             job.request_id, job.attempt, self.worker, job.queued_at),
             self._partition(self.topic_results, st.hash))
 
-    def _outputs(self, outputs: list[Any]) -> None:
-        # NOTE: the hot loop (one pass per output of every step): plain attribute work only.
+    def _outputs(self, outputs: list[Any], now: float) -> None:
+        """One engine step's outputs (`now`: when the step returned): token deltas, endings,
+        and the engine metrics (vLLM's TTFT, inter-token latency, e2e, token counters).
+
+        NOTE: the hot loop (one pass per output of every step, i.e. per token at GPU
+        rates): plain attribute work only. The engine metrics are gathered in this same
+        pass (a second pass over the outputs, in EngineMetrics.observe_outputs, cost about
+        as much as this one): per request only at its first token and at its end; the
+        inter-token gaps by the previous token's time, kept on the stream (most requests
+        of a step share it), recorded once per step."""
         streams, tokens, max_tokens = self.streams, 0, self.max_tokens
+        gaps: dict[float, int] = {}
+        em = self.engine_metrics
         for out in outputs:
             st = streams.get(out.request_id)
             if st is None:
+                self._unknown_output(out)
                 continue
             ids = out.new_token_ids
             if ids:
                 tokens += len(ids)
-                if st.index == 0 and st.job.raw is not None:
-                    st.job.raw = None  # the engine accepted it: no DLQ copy will be needed
+                prev = st.last_at
+                if prev:
+                    gaps[prev] = gaps.get(prev, 0) + 1
+                    st.last_at = now
+                else:  # its first token(s): the engine accepted it, no DLQ copy is needed
+                    st.job.raw = None
+                    st.last_at = em.observe_first(out, now) if em is not None else now
             if st.live and (ids or out.text_delta):
                 st.ids += ids
                 st.texts.append(out.text_delta)
@@ -237,9 +251,21 @@ class Publisher:
                         self._next_flush = time.monotonic() + self.interval_s
                     self._dirty.append(st)
             if out.finished:
+                if em is not None:
+                    em.observe_finished(out)
                 self._finish(st, out)
         if tokens:
             self.metrics.inc("tokens_out", tokens)
+        if em is not None:
+            em.observe_tokens(tokens, gaps, now)
+
+    def _unknown_output(self, out: Any) -> None:
+        """An output of an attempt with no stream (its add failed): counted, nothing sent."""
+        em = self.engine_metrics
+        if em is not None:
+            em.observe_tokens(len(out.new_token_ids), {}, 0.0)
+            if out.finished:
+                em.observe_finished(out)
 
     # -- token deltas -------------------------------------------------------------------------
     def _flush(self, st: _Stream) -> None:
