@@ -55,6 +55,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     import engine  # noqa: F401 - torch and the engine package load now, not at the first request
 
+    import consumers.worker as worker_module
     from consumers.worker import Worker
     from schemas import Settings
 
@@ -62,6 +63,9 @@ def main() -> int:
                           tokens_per_step=args.tokens_per_step)
     worker = Worker(Settings(), eng)
     worker.install_signal_handlers()
+    settle = getattr(worker_module, "settle_heap", None)  # absent from older trees
+    if settle is not None:
+        settle()
     stop = threading.Event()
 
     def reporter():

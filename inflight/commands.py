@@ -157,13 +157,14 @@ def _overrides(args: Any, settings: Settings) -> Settings:
 
 
 def cmd_worker(args: Any, settings: Settings) -> int:
-    from consumers.worker import Worker, build_engine
+    from consumers.worker import Worker, build_engine, settle_heap
 
     settings = _overrides(args, settings)
     engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
                           dtype=args.dtype)
     worker = Worker(settings, engine)
     worker.install_signal_handlers()
+    settle_heap()
     worker.run()
     return 0
 
