@@ -41,18 +41,13 @@ def wait_batch(client: openai.OpenAI, batch_id: str, timeout: float = 90.0):
 def engine_reference(model, items):
     """{custom_id: RequestOutput} of the same chats run straight on a fresh engine."""
     from engine import SamplingParams as EP
-    from tests.consumers.conftest import tiny_engine
+    from tests.consumers.conftest import finals_of, tiny_engine
 
     eng = tiny_engine(model)
     for cid, content, max_tokens in items:
         eng.add_request(cid, messages=[{"role": "user", "content": content}],
                         params=EP(max_tokens=max_tokens, temperature=0.0))
-    out = {}
-    while eng.has_unfinished():
-        for o in eng.step():
-            if o.finished:
-                out[o.request_id] = o
-    return out
+    return finals_of(eng)
 
 
 def test_a_whole_batch_with_the_openai_sdk(stack):

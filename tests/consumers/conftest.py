@@ -28,6 +28,16 @@ def tiny_engine(model: Path, **kw):
     return Engine(EngineConfig(**cfg))
 
 
+def finals_of(eng) -> dict:
+    """Step `eng` until it has nothing left: each request's final output by id."""
+    out = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.finished:
+                out[o.request_id] = o
+    return out
+
+
 class Service:
     """A worker and a recorder running in threads."""
 

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import select
 
 from store import FileRow, Store
-from tests.consumers.conftest import Service, make_settings, migrated, tiny_engine
+from tests.consumers.conftest import Service, finals_of, make_settings, migrated, tiny_engine
 from tests.kafka_read import read_topic
 from tests.tiny_llama import SENTENCES
 
@@ -159,12 +159,7 @@ def _reference(model, items):
     eng = tiny_engine(model)
     for cid, content, params in items:
         eng.add_request(cid, messages=[{"role": "user", "content": content}], params=EP(**params))
-    out = {}
-    while eng.has_unfinished():
-        for o in eng.step():
-            if o.finished:
-                out[o.request_id] = o
-    return out
+    return finals_of(eng)
 
 
 def _files_of(store, batch_id) -> list[str]:
