@@ -1,9 +1,9 @@
 """The HTTP API (FastAPI): submit, poll, stream and cancel requests; OpenAI-compatible chat
 completions, files and batches; Anthropic message batches; API keys.
 
-    from api import create_app          # an ASGI app; `inflight api` serves it with uvicorn
+    from inflight.api import create_app          # an ASGI app; `inflight api` serves it with uvicorn
 """
 
-from api.app import create_app
+from inflight.api.app import create_app
 
 __all__ = ["create_app"]

@@ -18,18 +18,18 @@ from collections.abc import AsyncIterator
 from anyio import to_thread
 from fastapi import FastAPI
 
-from api import errors
-from api.auth import KeyCache
-from api.cache import FinalAnswers
-from api.context import ApiContext, StreamSlots, db_slots
-from api.limits import BodyLimitMiddleware
-from api.metrics import ApiMetrics, MetricsMiddleware
-from api.routes import batches, chat, files, health, message_batches, requests
-from producers import Client
-from schemas import Settings
-from schemas.errors import ConfigError, InflightError
-from store import Store
-from store.migrate import current_revision, head_revision
+from inflight.api import errors
+from inflight.api.auth import KeyCache
+from inflight.api.cache import FinalAnswers
+from inflight.api.context import ApiContext, StreamSlots, db_slots
+from inflight.api.limits import BodyLimitMiddleware
+from inflight.api.metrics import ApiMetrics, MetricsMiddleware
+from inflight.api.routes import batches, chat, files, health, message_batches, requests
+from inflight.producers import Client
+from inflight.schemas import Settings
+from inflight.schemas.errors import ConfigError, InflightError
+from inflight.store import Store
+from inflight.store.migrate import current_revision, head_revision
 
 log = logging.getLogger("inflight.api")
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import anyio
 from anyio import to_thread
 
-from api.errors import APIError
-from api.keys import KeyInfo, lookup
-from store import Store
-from store.keys import key_revoked
+from inflight.api.errors import APIError
+from inflight.api.keys import KeyInfo, lookup
+from inflight.store import Store
+from inflight.store.keys import key_revoked
 
 log = logging.getLogger("inflight.api")
 

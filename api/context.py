@@ -12,16 +12,16 @@ from typing import Any, TypeVar
 import anyio
 from anyio import to_thread
 
-from api.auth import KeyCache
-from api.cache import FinalAnswers
-from api.errors import APIError
-from api.group_commit import ClaimQueue
-from api.group_read import ViewQueue
-from api.metrics import ApiMetrics
-from producers import Client
-from schemas import InferenceRequest, Settings
-from schemas.errors import BrokerError
-from store import Store
+from inflight.api.auth import KeyCache
+from inflight.api.cache import FinalAnswers
+from inflight.api.errors import APIError
+from inflight.api.group_commit import ClaimQueue
+from inflight.api.group_read import ViewQueue
+from inflight.api.metrics import ApiMetrics
+from inflight.producers import Client
+from inflight.schemas import InferenceRequest, Settings
+from inflight.schemas.errors import BrokerError
+from inflight.store import Store
 
 PUBLISH_TIMEOUT_S = 30.0
 T = TypeVar("T")

@@ -11,9 +11,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from api.auth import ANONYMOUS, Principal
-from api.context import ApiContext
-from api.errors import APIError
+from inflight.api.auth import ANONYMOUS, Principal
+from inflight.api.context import ApiContext
+from inflight.api.errors import APIError
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer inf_...`")
 _x_api_key = APIKeyHeader(name="x-api-key", auto_error=False,

@@ -26,8 +26,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.responses import json_response
-from schemas.errors import (BrokerError, InflightError, NotFoundError, SchemaError, StateError,
+from inflight.api.responses import json_response
+from inflight.schemas.errors import (BrokerError, InflightError, NotFoundError, SchemaError, StateError,
                            StoreError)
 
 log = logging.getLogger("inflight.api")

@@ -14,9 +14,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from api.metrics import ApiMetrics
-from store import Store
-from store.owned import claim_requests
+from inflight.api.metrics import ApiMetrics
+from inflight.store import Store
+from inflight.store.owned import claim_requests
 
 MAX_GROUP = 500
 

@@ -15,9 +15,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from api.metrics import ApiMetrics
-from store import Store
-from store.owned import request_views
+from inflight.api.metrics import ApiMetrics
+from inflight.store import Store
+from inflight.store.owned import request_views
 
 MAX_GROUP = 500
 

@@ -19,10 +19,10 @@ from datetime import datetime
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
-from schemas.base import ID_RE
-from schemas.errors import ConfigError
-from store import Store
-from store.keys import ApiKeyRow, get_key, insert_key, list_keys, revoke_key
+from inflight.schemas.base import ID_RE
+from inflight.schemas.errors import ConfigError
+from inflight.store import Store
+from inflight.store.keys import ApiKeyRow, get_key, insert_key, list_keys, revoke_key
 
 TOKEN_RE = re.compile(r"^inf_([0-9a-f]{12})_([0-9a-f]{48})$")
 KEY_ID_RE = re.compile(r"^key_[0-9a-f]{12}$")

@@ -13,7 +13,7 @@ import orjson
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import error_body
+from inflight.api.errors import error_body
 
 UPLOAD_PATHS = ("/v1/files", "/v1/messages/batches")
 

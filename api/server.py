@@ -11,8 +11,8 @@ import logging
 
 import uvicorn
 
-from api.app import create_app
-from schemas import Settings
+from inflight.api.app import create_app
+from inflight.schemas import Settings
 
 log = logging.getLogger("inflight.api")
 
@@ -24,6 +24,6 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000, *, work
     common = {"host": host, "port": port, "access_log": access_log, "log_level": "info",
               "proxy_headers": False, "server_header": False}
     if workers > 1:
-        uvicorn.run("api.app:app_from_env", factory=True, workers=workers, **common)
+        uvicorn.run("inflight.api.app:app_from_env", factory=True, workers=workers, **common)
     else:
         uvicorn.run(create_app(settings), **common)

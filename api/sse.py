@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from store import FAILED, FINAL_STATUSES
+from inflight.store import FAILED, FINAL_STATUSES
 
 
 def sse(event: str | None, data: bytes) -> bytes:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from api.errors import APIError
+from inflight.api.errors import APIError
 
 PIECE = 1 << 20
 

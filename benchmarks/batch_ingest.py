@@ -85,10 +85,10 @@ def write_input(path: pathlib.Path, n: int, line_bytes: int) -> int:
 # --- child processes ---------------------------------------------------------------------
 
 def child(kind: str, batch_id: str, extra: str | None) -> dict:
-    from producers import batch_jobs as jobs
-    from producers.client import Client
-    from schemas import Settings
-    from store import Store
+    from inflight.producers import batch_jobs as jobs
+    from inflight.producers.client import Client
+    from inflight.schemas import Settings
+    from inflight.store import Store
 
     settings = Settings()
     store = Store(settings.database_url)
@@ -107,7 +107,7 @@ def child(kind: str, batch_id: str, extra: str | None) -> dict:
                                   context_length=8192, model_name="smol")
             out["report"] = jobs.sweep(ctx, batch_ids=[batch_id]).to_json()
     elif kind == "baseline-submit":
-        from schemas import parse_batch_line
+        from inflight.schemas import parse_batch_line
 
         reqs = []
         with open(extra, "rb") as f:  # type: ignore[arg-type]
@@ -174,12 +174,12 @@ def main() -> int:
 
     import sqlalchemy as sa
 
-    from inflight.broker import EmbeddedBroker
-    from inflight.commands import settings_env
-    from inflight.topics import create_topics
-    from producers import batch_jobs as jobs
-    from schemas import Settings
-    from store import RequestRow, Store
+    from inflight.cli.broker import EmbeddedBroker
+    from inflight.cli.commands import settings_env
+    from inflight.cli.topics import create_topics
+    from inflight.producers import batch_jobs as jobs
+    from inflight.schemas import Settings
+    from inflight.store import RequestRow, Store
     from tests.pgdb import temporary_database
 
     n = args.lines

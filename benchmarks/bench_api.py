@@ -150,8 +150,8 @@ def threaded(fn: "callable", threads: int, seconds: float) -> tuple[list[float],
 
 def fill(store, owner: str, rows: int, final: bool) -> list[str]:
     """`rows` requests filed under `owner`: completed (64-token outputs) or still queued."""
-    from schemas import FinalEvent, InferenceRequest, Timings, Usage
-    from store import final_row, queued_row
+    from inflight.schemas import FinalEvent, InferenceRequest, Timings, Usage
+    from inflight.store import final_row, queued_row
 
     rng = random.Random(0)
     ids = []
@@ -214,13 +214,13 @@ def main() -> int:
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     args = p.parse_args()
 
-    from api.keys import create_key
-    from inflight.broker import EmbeddedBroker
-    from inflight.topics import create_topics
-    from producers import Client
-    from schemas import Settings
-    from store import Store
-    from store.owned import request_view
+    from inflight.api.keys import create_key
+    from inflight.cli.broker import EmbeddedBroker
+    from inflight.cli.topics import create_topics
+    from inflight.producers import Client
+    from inflight.schemas import Settings
+    from inflight.store import Store
+    from inflight.store.owned import request_view
     from tests.api.server import free_port
 
     results: dict = {"load_before": os.getloadavg()}
@@ -248,7 +248,7 @@ def main() -> int:
                **{f"INFLIGHT_{k.upper()}": getattr(settings, k) for k in
                   ("topic_requests", "topic_requests_batch", "topic_results", "topic_dlq",
                    "topic_cancel")}}
-        proc = subprocess.Popen([sys.executable, "-m", "inflight.cli", "api", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "inflight", "api", "--port", str(port),
                                  "--workers", str(args.workers)], env=env, cwd=str(ROOT))
         server = psutil.Process(proc.pid)
         try:

@@ -94,7 +94,7 @@ def sdpa_baseline(q, k_cache, v_cache, tables, context: int, q_len: int, scale: 
 
 
 def attention_rows(dtype, quick: bool, peaks) -> list[dict]:
-    from kernels.triton_attention import paged_attention_triton
+    from inflight.kernels.triton_attention import paged_attention_triton
 
     rows = []
     elt = torch.finfo(dtype).bits // 8
@@ -152,14 +152,14 @@ def attention_rows(dtype, quick: bool, peaks) -> list[dict]:
 
 
 def elementwise_rows(dtype, quick: bool, peaks) -> list[dict]:
-    from kernels.activation import silu_and_mul_ref
-    from kernels.kv_write import write_kv_ref
-    from kernels.rmsnorm import rms_norm_ref
-    from kernels.rotary import rope_cos_sin, rotary_ref
-    from kernels.triton_activation import silu_and_mul_triton
-    from kernels.triton_kv_write import write_kv_triton
-    from kernels.triton_rmsnorm import rms_norm_triton
-    from kernels.triton_rotary import rotary_triton
+    from inflight.kernels.activation import silu_and_mul_ref
+    from inflight.kernels.kv_write import write_kv_ref
+    from inflight.kernels.rmsnorm import rms_norm_ref
+    from inflight.kernels.rotary import rope_cos_sin, rotary_ref
+    from inflight.kernels.triton_activation import silu_and_mul_triton
+    from inflight.kernels.triton_kv_write import write_kv_triton
+    from inflight.kernels.triton_rmsnorm import rms_norm_triton
+    from inflight.kernels.triton_rotary import rotary_triton
 
     rows = []
     elt = torch.finfo(dtype).bits // 8

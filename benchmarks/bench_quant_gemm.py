@@ -55,9 +55,9 @@ def gemms(device: str, shapes: dict, batches, splits, quick: bool) -> list[dict]
     import torch
     import torch.nn.functional as F
 
-    from engine.quant.rtn import quantize_w4, quantize_w8
-    from kernels.quant import w4a16_matmul_ref, w8a16_matmul_ref
-    from kernels.triton_quant_matmul import w4a16_matmul_triton, w8a16_matmul_triton
+    from inflight.engine.quant.rtn import quantize_w4, quantize_w8
+    from inflight.kernels.quant import w4a16_matmul_ref, w8a16_matmul_ref
+    from inflight.kernels.triton_quant_matmul import w4a16_matmul_triton, w8a16_matmul_triton
 
     ms = timer(device)
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
@@ -109,9 +109,9 @@ def decode_steps(model: pathlib.Path, work: pathlib.Path, batches, variants, tok
                  on_row=None) -> list[dict]:
     import torch
 
-    from engine import Engine, EngineConfig, SamplingParams
-    from engine.quant.config import QuantConfig
-    from engine.quant.quantize import quantize_model
+    from inflight.engine import Engine, EngineConfig, SamplingParams
+    from inflight.engine.quant.config import QuantConfig
+    from inflight.engine.quant.quantize import quantize_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: --smoke plumbing only
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

@@ -35,7 +35,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 def model_path(arg: str | None) -> pathlib.Path:
     if arg:
         return pathlib.Path(arg)
-    from inflight.model import ensure_default_model
+    from inflight.cli.model import ensure_default_model
 
     return ensure_default_model()
 
@@ -115,7 +115,7 @@ def postgres_database(url: str):
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
-    from store import normalize_url
+    from inflight.store import normalize_url
 
     base = make_url(normalize_url(url))
     name = f"inflight_bench_{uuid.uuid4().hex[:10]}"

@@ -28,7 +28,7 @@ def distinct_workload(n, seed, vocab, lo, hi):
 
 
 def run(path, prompts, max_tokens, caching, args) -> dict:
-    from engine import Engine, EngineConfig, SamplingParams
+    from inflight.engine import Engine, EngineConfig, SamplingParams
 
     eng = Engine(EngineConfig(model=path, dtype=args.dtype, device=args.device,
                               enable_prefix_caching=caching, max_num_seqs=args.max_num_seqs,

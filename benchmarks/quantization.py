@@ -41,9 +41,9 @@ VARIANTS = {  # name: (scheme, group size, method) or None for the source weight
 
 
 def quantized_folder(src: pathlib.Path, name: str) -> pathlib.Path:
-    from engine.quant.config import QuantConfig
-    from engine.quant.quantize import quantize_model
-    from schemas.settings import Settings
+    from inflight.engine.quant.config import QuantConfig
+    from inflight.engine.quant.quantize import quantize_model
+    from inflight.schemas.settings import Settings
 
     scheme, group, method = VARIANTS[name]
     dest = pathlib.Path(Settings().cache_dir).expanduser() / "quantized" / f"{src.name}-{name}"
@@ -59,7 +59,7 @@ def weight_bytes(folder: pathlib.Path) -> dict:
     the whole folder, and the bf16 bytes of the same tensors."""
     from safetensors import safe_open
 
-    from engine.quant.config import LINEAR_NAMES
+    from inflight.engine.quant.config import LINEAR_NAMES
 
     layer_bytes = total = bf16_layers = bf16_total = 0
     for f in sorted(folder.glob("*.safetensors")):
@@ -88,7 +88,7 @@ def weight_bytes(folder: pathlib.Path) -> dict:
 
 
 def eval_tokens(tokenizer, ppl_windows: int, ppl_len: int, prompts: int, prompt_len: int):
-    from engine.quant.calibration import evaluation_text, text_digest
+    from inflight.engine.quant.calibration import evaluation_text, text_digest
 
     text = evaluation_text()
     ids = tokenizer.encode(text)
@@ -111,7 +111,7 @@ def perplexity(eng, windows) -> tuple[float, float, float]:
 def decode_run(eng, prompts, tokens: int) -> dict:
     """Greedy, ignore_eos: tokens of each prompt, and decode-only tok/s after the first step
     (which prefills every prompt; the step budget is set to hold them all)."""
-    from engine import SamplingParams
+    from inflight.engine import SamplingParams
 
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
@@ -134,7 +134,7 @@ def decode_run(eng, prompts, tokens: int) -> dict:
 
 
 def run_variant(name, folder, dtype, args, windows, prompts) -> dict:
-    from engine import Engine, EngineConfig, SamplingParams
+    from inflight.engine import Engine, EngineConfig, SamplingParams
 
     eng = Engine(EngineConfig(model=folder, dtype=dtype, max_num_seqs=max(64, args.prompts),
                               max_num_batched_tokens=max(4096, args.prompts * args.prompt_len,
@@ -157,9 +157,9 @@ def crossover(threads: int) -> list[tuple]:
     import torch
     import torch.nn.functional as F
 
-    from kernels.quant import dequantize_w4_grouped, dequantize_w8
-    from kernels.quant_cpu import Int4PackedCPU, w8a16_matmul_cpu
-    from engine.quant.rtn import quantize_w4, quantize_w8
+    from inflight.kernels.quant import dequantize_w4_grouped, dequantize_w8
+    from inflight.kernels.quant_cpu import Int4PackedCPU, w8a16_matmul_cpu
+    from inflight.engine.quant.rtn import quantize_w4, quantize_w8
 
     shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
     g = torch.Generator().manual_seed(0)
@@ -209,7 +209,7 @@ def main() -> None:
     p.add_argument("--crossover", action="store_true", help="also time the CPU matmul paths by rows")
     args = p.parse_args()
     setup_torch(args.threads, args.seed)
-    from engine.tokenizer import Tokenizer
+    from inflight.engine.tokenizer import Tokenizer
 
     src = model_path(args.model)
     names = [n for n in args.variants.split(",") if n]

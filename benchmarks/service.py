@@ -49,7 +49,7 @@ from throughput import workload  # noqa: E402  (the engine benchmark's workload)
 
 
 def engine_config(args, path):
-    from engine import EngineConfig
+    from inflight.engine import EngineConfig
 
     return EngineConfig(model=str(path), dtype=args.dtype, device=args.device,
                         max_num_seqs=args.max_num_seqs, kv_cache_bytes=args.kv_cache_mib << 20,
@@ -58,7 +58,7 @@ def engine_config(args, path):
 
 
 def warm(engine) -> None:
-    from engine import SamplingParams
+    from inflight.engine import SamplingParams
 
     engine.generate([[100 + i for i in range(32)]], SamplingParams(max_tokens=4, temperature=0.0,
                                                                    ignore_eos=True))
@@ -94,7 +94,7 @@ def run_engine(args, path, prompts, outputs) -> dict:
 
 
 def _run_engine(args, path, prompts, outputs) -> dict:
-    from engine import Engine, SamplingParams
+    from inflight.engine import Engine, SamplingParams
 
     eng = Engine(engine_config(args, path))
     warm(eng)
@@ -138,13 +138,13 @@ class TorchThreads:
 def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
     import subprocess
 
-    from consumers.worker import Worker
-    from engine import Engine
-    from inflight.commands import settings_env
-    from inflight.topics import create_topics
-    from producers.client import Client
-    from schemas import SamplingParams, Settings
-    from store import Store
+    from inflight.consumers.worker import Worker
+    from inflight.engine import Engine
+    from inflight.cli.commands import settings_env
+    from inflight.cli.topics import create_topics
+    from inflight.producers.client import Client
+    from inflight.schemas import SamplingParams, Settings
+    from inflight.store import Store
 
     tag = uuid.uuid4().hex[:8]
     s = Settings(kafka_bootstrap=broker.bootstrap, kafka_session_timeout_ms=2000,
@@ -159,7 +159,7 @@ def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
     store = Store(db_url, create=True)
     # The recorder is its own process, as deployed (`inflight recorder`); the worker is a
     # thread here so its engine is built and warmed exactly like the engine-alone run.
-    recorder = subprocess.Popen([sys.executable, "-m", "consumers.recorder"], cwd=ROOT,
+    recorder = subprocess.Popen([sys.executable, "-m", "inflight.consumers.recorder"], cwd=ROOT,
                                 env={**os.environ, **settings_env(s), "PYTHONPATH": str(ROOT)},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     engine = Engine(engine_config(args, path))
@@ -248,8 +248,8 @@ def main() -> None:
 
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
-    from inflight.broker import EmbeddedBroker
-    from inflight.model import resolve_model
+    from inflight.cli.broker import EmbeddedBroker
+    from inflight.cli.model import resolve_model
 
     path = resolve_model(args.model)
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]

@@ -85,7 +85,7 @@ class Rows:
     def fetch(self, prefix: str) -> list:
         from sqlalchemy import select
 
-        from store import RequestRow
+        from inflight.store import RequestRow
 
         with self.store.session() as s:
             return s.execute(select(RequestRow.id, RequestRow.status, RequestRow.created_at,
@@ -95,7 +95,7 @@ class Rows:
     def done(self, prefix: str) -> int:
         from sqlalchemy import func, select
 
-        from store import RequestRow
+        from inflight.store import RequestRow
 
         with self.store.session() as s:
             return s.execute(select(func.count()).where(
@@ -165,7 +165,7 @@ def count_tokens(settings, topic: str, ids: set[str], timeout: float = 300.0) ->
     import orjson
     from kafka import TopicPartition
 
-    from schemas.kafka_clients import partitions_of, plain_consumer
+    from inflight.schemas.kafka_clients import partitions_of, plain_consumer
 
     c = plain_consumer(settings, fetch_max_bytes=16 << 20, max_partition_fetch_bytes=8 << 20)
     counts: dict[str, int] = defaultdict(int)
@@ -189,10 +189,10 @@ def count_tokens(settings, topic: str, ids: set[str], timeout: float = 300.0) ->
 
 
 def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> dict:
-    from inflight.commands import settings_env
-    from inflight.topics import create_topics
-    from schemas import Settings
-    from store import Store
+    from inflight.cli.commands import settings_env
+    from inflight.cli.topics import create_topics
+    from inflight.schemas import Settings
+    from inflight.store import Store
 
     tag = uuid.uuid4().hex[:8]
     s = Settings(kafka_bootstrap=broker.bootstrap, kafka_session_timeout_ms=2000,
@@ -209,7 +209,7 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
     env = {**os.environ, **settings_env(s), "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     report_path = pathlib.Path(tempfile.mkdtemp(prefix="inflight-bench-")) / "worker.json"
     log = open(report_path.with_suffix(".log"), "wb")
-    recorder = subprocess.Popen([sys.executable, "-m", "consumers.recorder"], cwd=tree, env=env,
+    recorder = subprocess.Popen([sys.executable, "-m", "inflight.consumers.recorder"], cwd=tree, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
     worker = subprocess.Popen(
         [sys.executable, str(ROOT / "benchmarks" / "synthetic_worker.py"), "--report",
@@ -349,7 +349,7 @@ def engine_alone(args) -> dict:
 def main(args) -> None:
     import logging
 
-    from inflight.broker import EmbeddedBroker
+    from inflight.cli.broker import EmbeddedBroker
     from common import postgres_database
 
     logging.basicConfig(level=logging.WARNING)

@@ -30,7 +30,7 @@ from common import base_parser, machine_note, model_path, print_table, setup_tor
 
 
 def build_engine(path, args, batch: int, graphs: bool | None, max_tokens: int):
-    from engine import Engine, EngineConfig
+    from inflight.engine import Engine, EngineConfig
 
     kw = dict(model=path, dtype=args.dtype, device=args.device, max_num_seqs=batch,
               max_num_batched_tokens=max(args.max_num_batched_tokens, batch),
@@ -47,7 +47,7 @@ def build_engine(path, args, batch: int, graphs: bool | None, max_tokens: int):
 
 def fill(eng, batch: int, prompt_len: int, max_tokens: int, vocab: int, seed: int) -> None:
     """Admit `batch` requests and step until every one of them is decoding."""
-    from engine import SamplingParams
+    from inflight.engine import SamplingParams
 
     rng = random.Random(seed)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.outputs import RequestOutput
+from inflight.engine.outputs import RequestOutput
 
 TOKEN_TEXT = "ab"  # what every token detokenizes to
 

@@ -53,11 +53,11 @@ def main() -> int:
     p.add_argument("--tokens-per-step", type=int, default=1)
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    import engine  # noqa: F401 - torch and the engine package load now, not at the first request
+    import inflight.engine  # noqa: F401 - torch and the engine package load now, not at the first request
 
-    import consumers.worker as worker_module
-    from consumers.worker import Worker
-    from schemas import Settings
+    import inflight.consumers.worker as worker_module
+    from inflight.consumers.worker import Worker
+    from inflight.schemas import Settings
 
     eng = SyntheticEngine(max_num_seqs=args.max_num_seqs, step_s=args.step_ms / 1000,
                           tokens_per_step=args.tokens_per_step)

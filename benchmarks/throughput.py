@@ -32,7 +32,7 @@ def workload(n: int, seed: int, vocab: int):
 
 
 def run_engine(path, prompts, outputs, args) -> dict:
-    from engine import Engine, EngineConfig, SamplingParams
+    from inflight.engine import Engine, EngineConfig, SamplingParams
 
     eng = Engine(EngineConfig(model=path, dtype=args.dtype, device=args.device,
                               max_num_seqs=args.max_num_seqs,

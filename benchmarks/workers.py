@@ -54,11 +54,11 @@ def workload(n: int, seed: int, vocab: int, max_prompt: int, max_tokens: int):
 
 
 def run(args, n_workers: int, model: pathlib.Path, broker, prompts, outputs, workdir) -> dict:
-    from inflight.commands import settings_env
-    from inflight.topics import create_topics
-    from producers.client import Client
-    from schemas import SamplingParams, Settings
-    from store import Store
+    from inflight.cli.commands import settings_env
+    from inflight.cli.topics import create_topics
+    from inflight.producers.client import Client
+    from inflight.schemas import SamplingParams, Settings
+    from inflight.store import Store
 
     tag = uuid.uuid4().hex[:8]
     db_url = args.database_url or f"sqlite:///{workdir / f'{tag}.db'}"
@@ -73,9 +73,9 @@ def run(args, n_workers: int, model: pathlib.Path, broker, prompts, outputs, wor
     store = Store(db_url, create=True)
     env = {**os.environ, **settings_env(s), "PYTHONPATH": str(ROOT),
            "OMP_NUM_THREADS": str(args.threads)}
-    recorder = subprocess.Popen([sys.executable, "-m", "consumers.recorder"], cwd=ROOT, env=env,
+    recorder = subprocess.Popen([sys.executable, "-m", "inflight.consumers.recorder"], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    workers = [subprocess.Popen([sys.executable, "-m", "consumers.worker", "--model", str(model)],
+    workers = [subprocess.Popen([sys.executable, "-m", "inflight.consumers.worker", "--model", str(model)],
                                 cwd=ROOT, env=env, stdout=open(workdir / f"{tag}-w{i}.log", "wb"),
                                 stderr=subprocess.STDOUT) for i in range(n_workers)]
     names = {f"{os.uname().nodename}:{w.pid}" for w in workers}
@@ -159,7 +159,7 @@ def main() -> None:
     ap.add_argument("--plot", metavar="PATH")
     args = ap.parse_args()
 
-    from inflight.broker import EmbeddedBroker
+    from inflight.cli.broker import EmbeddedBroker
 
     counts = [int(x) for x in args.workers.split(",")]
     with tempfile.TemporaryDirectory(prefix="inflight-workers-") as tmp:

@@ -22,9 +22,9 @@ import orjson
 from kafka import TopicPartition
 from kafka.errors import KafkaError
 
-from schemas.base import ID_RE
-from schemas.kafka_clients import partitions_of, plain_consumer
-from schemas.settings import Settings
+from inflight.schemas.base import ID_RE
+from inflight.schemas.kafka_clients import partitions_of, plain_consumer
+from inflight.schemas.settings import Settings
 
 log = logging.getLogger("inflight.cancel")
 

@@ -27,11 +27,11 @@ from typing import Any
 from kafka.errors import (InvalidRecordError, MessageSizeTooLargeError, RecordListTooLargeError,
                           UnsupportedForMessageFormatError)
 
-from consumers import event_bytes
-from consumers.dlq import dlq_value
-from consumers.handoff import ACKED
-from consumers.metrics import Metrics
-from schemas import ERR_INTERNAL, ERR_MESSAGE_TOO_LARGE
+from inflight.consumers import event_bytes
+from inflight.consumers.dlq import dlq_value
+from inflight.consumers.handoff import ACKED
+from inflight.consumers.metrics import Metrics
+from inflight.schemas import ERR_INTERNAL, ERR_MESSAGE_TOO_LARGE
 
 log = logging.getLogger("inflight.worker")
 

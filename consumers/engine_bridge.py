@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from consumers.gpu_claim import AUTO, claim_gpu
-from schemas import InferenceRequest, Settings
+from inflight.consumers.gpu_claim import AUTO, claim_gpu
+from inflight.schemas import InferenceRequest, Settings
 
 
 def engine_params(req: InferenceRequest) -> Any:
-    from engine import SamplingParams as EngineSamplingParams
+    from inflight.engine import SamplingParams as EngineSamplingParams
 
     p = req.params
     return EngineSamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
@@ -92,8 +92,8 @@ def engine_overrides(settings: Settings, *, max_num_seqs: int | None = None,
 def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: int | None = None,
                  kv_cache_mb: int | None = None, device: str | None = None,
                  dtype: str | None = None) -> Any:
-    from engine import Engine, EngineConfig
-    from engine.model_folder import resolve_model
+    from inflight.engine import Engine, EngineConfig
+    from inflight.engine.model_folder import resolve_model
 
     path = resolve_model(model, settings)
     kw = engine_overrides(settings, max_num_seqs=max_num_seqs, kv_cache_mb=kv_cache_mb,

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from consumers.handoff import ABORT, ADD, ADD_FAILED, OUTPUTS
-from schemas.errors import InflightError
+from inflight.consumers.handoff import ABORT, ADD, ADD_FAILED, OUTPUTS
+from inflight.schemas.errors import InflightError
 
 log = logging.getLogger("inflight.worker")
 

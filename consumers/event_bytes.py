@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from schemas.base import SCHEMA_VERSION
+from inflight.schemas.base import SCHEMA_VERSION
 
 
 def token_event(request_id: str, attempt: str, index: int, start: int, token_ids: list[int],

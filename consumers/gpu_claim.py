@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-from schemas.errors import ConfigError
+from inflight.schemas.errors import ConfigError
 
 log = logging.getLogger("inflight.gpu_claim")
 

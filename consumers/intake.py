@@ -30,18 +30,18 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from consumers.cancel import CancelListener
-from consumers.engine_bridge import engine_params
-from consumers.engine_loop import EngineLoop
-from consumers.engine_metrics import EngineMetrics
-from consumers.handoff import (ABORTED, ACKED, ADMIT, FINISHED, HAND_BACK, REJECT, Aborted,
+from inflight.consumers.cancel import CancelListener
+from inflight.consumers.engine_bridge import engine_params
+from inflight.consumers.engine_loop import EngineLoop
+from inflight.consumers.engine_metrics import EngineMetrics
+from inflight.consumers.handoff import (ABORTED, ACKED, ADMIT, FINISHED, HAND_BACK, REJECT, Aborted,
                                Admitted, Rejected)
-from consumers.kafka_io import LRUSet, group_consumer
-from consumers.metrics import Metrics
-from consumers.offsets import OffsetTracker
-from schemas import ERR_INVALID_REQUEST, SchemaError, Settings, decode_request
-from schemas.base import ID_RE
-from schemas.errors import InflightError
+from inflight.consumers.kafka_io import LRUSet, group_consumer
+from inflight.consumers.metrics import Metrics
+from inflight.consumers.offsets import OffsetTracker
+from inflight.schemas import ERR_INVALID_REQUEST, SchemaError, Settings, decode_request
+from inflight.schemas.base import ID_RE
+from inflight.schemas.errors import InflightError
 
 log = logging.getLogger("inflight.worker")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from kafka import KafkaConsumer
 
-from schemas.kafka_clients import connect
-from schemas.settings import Settings
+from inflight.schemas.kafka_clients import connect
+from inflight.schemas.settings import Settings
 
 
 def group_consumer(settings: Settings, group: str, **overrides: Any) -> KafkaConsumer:

@@ -18,8 +18,8 @@ import threading
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from prometheus_client import CollectorRegistry, Gauge
 
-from schemas.kafka_clients import connect
-from schemas.settings import Settings
+from inflight.schemas.kafka_clients import connect
+from inflight.schemas.settings import Settings
 
 log = logging.getLogger("inflight.lag")
 

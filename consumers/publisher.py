@@ -28,14 +28,14 @@ from typing import Any
 import orjson
 from kafka.partitioner.default import murmur2
 
-from consumers import event_bytes
-from consumers.dlq import dlq_headers, dlq_value
-from consumers.endings import DLQ, FINAL, Ending, Endings, Message
-from consumers.handoff import (ABORTED, ADD_FAILED, ADMIT, DROPPED, FINISHED, HAND_BACK, OUTPUTS,
+from inflight.consumers import event_bytes
+from inflight.consumers.dlq import dlq_headers, dlq_value
+from inflight.consumers.endings import DLQ, FINAL, Ending, Endings, Message
+from inflight.consumers.handoff import (ABORTED, ADD_FAILED, ADMIT, DROPPED, FINISHED, HAND_BACK, OUTPUTS,
                                REJECT, STOP, Aborted, Admitted, Rejected)
-from consumers.engine_metrics import EngineMetrics
-from consumers.metrics import Metrics
-from schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, Settings
+from inflight.consumers.engine_metrics import EngineMetrics
+from inflight.consumers.metrics import Metrics
+from inflight.schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, Settings
 
 log = logging.getLogger("inflight.worker")
 

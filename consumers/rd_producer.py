@@ -42,8 +42,8 @@ from kafka.errors import (InvalidRecordError, KafkaError, KafkaTimeoutError,
                           MessageSizeTooLargeError, RecordListTooLargeError,
                           UnsupportedForMessageFormatError)
 
-from schemas.kafka_clients import producer as kafka_python_producer
-from schemas.settings import Settings
+from inflight.schemas.kafka_clients import producer as kafka_python_producer
+from inflight.schemas.settings import Settings
 
 QUEUE_FULL_WAIT_S = 0.05   # produce() on a full local queue: serve callbacks, try again
 MAX_BLOCK_S = 60.0         # ... for at most this long (kafka-python's max_block_ms)

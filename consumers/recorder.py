@@ -26,13 +26,13 @@ import orjson
 from kafka.errors import CommitFailedError, KafkaError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from consumers.lag import LagProbe
-from consumers.metrics import Metrics
-from consumers.recorder_source import recorder_source
-from schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent,
+from inflight.consumers.lag import LagProbe
+from inflight.consumers.metrics import Metrics
+from inflight.consumers.recorder_source import recorder_source
+from inflight.schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent,
                      decode_request, decode_result)
-from schemas.errors import StoreError
-from store import Store, error_row, final_row, queued_row, running_row, stand_in_rows
+from inflight.schemas.errors import StoreError
+from inflight.store import Store, error_row, final_row, queued_row, running_row, stand_in_rows
 
 log = logging.getLogger("inflight.recorder")
 

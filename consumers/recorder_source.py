@@ -21,8 +21,8 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from consumers.kafka_io import group_consumer
-from schemas.settings import Settings
+from inflight.consumers.kafka_io import group_consumer
+from inflight.schemas.settings import Settings
 
 log = logging.getLogger("inflight.recorder")
 

@@ -38,16 +38,16 @@ import time
 import uuid
 from typing import Any
 
-from consumers.engine_bridge import LogprobShaper, build_engine
-from consumers.engine_loop import EngineLike, EngineLoop
-from consumers.intake import Intake
-from consumers.engine_metrics import EngineMetrics
-from consumers.lag import LagProbe
-from consumers.metrics import Metrics
-from consumers.publisher import Publisher
-from consumers.rd_producer import results_producer
-from schemas import Settings
-from schemas.errors import InflightError
+from inflight.consumers.engine_bridge import LogprobShaper, build_engine
+from inflight.consumers.engine_loop import EngineLike, EngineLoop
+from inflight.consumers.intake import Intake
+from inflight.consumers.engine_metrics import EngineMetrics
+from inflight.consumers.lag import LagProbe
+from inflight.consumers.metrics import Metrics
+from inflight.consumers.publisher import Publisher
+from inflight.consumers.rd_producer import results_producer
+from inflight.schemas import Settings
+from inflight.schemas.errors import InflightError
 
 log = logging.getLogger("inflight.worker")
 

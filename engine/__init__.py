@@ -1,12 +1,12 @@
 """The continuous-batching engine: Llama-family model on a paged, prefix-shared KV cache.
 
-    from engine import Engine, EngineConfig, SamplingParams, RequestOutput
+    from inflight.engine import Engine, EngineConfig, SamplingParams, RequestOutput
 """
 
-from engine.config import EngineConfig
-from engine.engine import DuplicateRequestError, Engine
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams, SamplingParamsError
+from inflight.engine.config import EngineConfig
+from inflight.engine.engine import DuplicateRequestError, Engine
+from inflight.engine.outputs import RequestOutput
+from inflight.engine.sampling_params import SamplingParams, SamplingParamsError
 
 __all__ = ["Engine", "EngineConfig", "SamplingParams", "RequestOutput", "DuplicateRequestError",
            "SamplingParamsError"]

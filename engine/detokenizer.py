@@ -27,7 +27,7 @@ from typing import Sequence
 
 from tokenizers.decoders import DecodeStream
 
-from engine.tokenizer import Tokenizer
+from inflight.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -30,21 +30,21 @@ from typing import Sequence
 
 import torch
 
-from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_cache_manager import KVCacheManager
-from engine.logprobs import ScoreOutput, StepLogprobs, TokenLogprob, extend_prompt_logprobs
-from engine.model import LlamaModel
-from engine.model_runner import ModelRunner, StepHandle
-from engine.outputs import RequestOutput
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.stats import EngineStats
-from engine.tokenizer import Tokenizer
-from kernels.ops import get_ops
-from schemas.errors import ConfigError, InflightError
-from schemas.events import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
+from inflight.engine.config import EngineConfig
+from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.engine.kv_cache_manager import KVCacheManager
+from inflight.engine.logprobs import ScoreOutput, StepLogprobs, TokenLogprob, extend_prompt_logprobs
+from inflight.engine.model import LlamaModel
+from inflight.engine.model_runner import ModelRunner, StepHandle
+from inflight.engine.outputs import RequestOutput
+from inflight.engine.request import Request, RequestStatus
+from inflight.engine.sampling_params import SamplingParams
+from inflight.engine.scheduler import Scheduler
+from inflight.engine.stats import EngineStats
+from inflight.engine.tokenizer import Tokenizer
+from inflight.kernels.ops import get_ops
+from inflight.schemas.errors import ConfigError, InflightError
+from inflight.schemas.events import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.request import Request
+from inflight.engine.request import Request
 
 POISON = 1 << 30
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from engine.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block
-from engine.request import Request
+from inflight.engine.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block
+from inflight.engine.request import Request
 
 
 class KVCacheManager:

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.quant.config import QuantConfig, read_quant_config
-from engine.quant.linear import Linear, load_linear
-from kernels.ops import KernelOps
-from kernels.rotary import rope_cos_sin
-from schemas.errors import ModelError
+from inflight.engine.quant.config import QuantConfig, read_quant_config
+from inflight.engine.quant.linear import Linear, load_linear
+from inflight.kernels.ops import KernelOps
+from inflight.kernels.rotary import rope_cos_sin
+from inflight.schemas.errors import ModelError
 
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 

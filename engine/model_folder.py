@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from schemas.errors import ModelError
-from schemas.settings import Settings
+from inflight.schemas.errors import ModelError
+from inflight.schemas.settings import Settings
 
 log = logging.getLogger("inflight.model")
 

@@ -38,14 +38,14 @@ from itertools import accumulate
 import numpy as np
 import torch
 
-from engine.cuda_graphs import DecodeGraphs
-from engine.input_batch import InputBatch
-from engine.logprobs import StepLogprobs
-from engine.model import AttentionMetadata, LlamaModel
-from engine.request import Request
-from engine.sampler import SamplingBatch, sample
-from engine.scheduler import SchedulerOutput
-from engine.staging import Staging
+from inflight.engine.cuda_graphs import DecodeGraphs
+from inflight.engine.input_batch import InputBatch
+from inflight.engine.logprobs import StepLogprobs
+from inflight.engine.model import AttentionMetadata, LlamaModel
+from inflight.engine.request import Request
+from inflight.engine.sampler import SamplingBatch, sample
+from inflight.engine.scheduler import SchedulerOutput
+from inflight.engine.staging import Staging
 
 log = logging.getLogger(__name__)
 

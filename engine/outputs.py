@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.logprobs import TokenLogprob
+from inflight.engine.logprobs import TokenLogprob
 
 
 @dataclass(slots=True)

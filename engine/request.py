@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from inflight.engine.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

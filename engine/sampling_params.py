@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.logprobs import MAX_LOGPROBS
-from schemas.errors import InflightError
+from inflight.engine.logprobs import MAX_LOGPROBS
+from inflight.schemas.errors import InflightError
 
 
 class SamplingParamsError(InflightError, ValueError):

@@ -24,8 +24,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request, RequestStatus
+from inflight.engine.kv_cache_manager import KVCacheManager
+from inflight.engine.request import Request, RequestStatus
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.scheduler import Scheduler
+from inflight.engine.kv_cache_manager import KVCacheManager
+from inflight.engine.scheduler import Scheduler
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Triton kernels, each beside its plain-torch reference. Imports nothing of the project."""
 
-from kernels.ops import KernelOps, get_ops, resolve_backend
+from inflight.kernels.ops import KernelOps, get_ops, resolve_backend
 
 __all__ = ["KernelOps", "get_ops", "resolve_backend"]

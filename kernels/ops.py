@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 
-from kernels.activation import silu_and_mul_ref
-from kernels.attention import paged_attention_torch
-from kernels.kernel_set import KernelOps
-from kernels.kv_write import write_kv_ref
-from kernels.rmsnorm import rms_norm_ref
-from kernels.rotary import rotary_ref
+from inflight.kernels.activation import silu_and_mul_ref
+from inflight.kernels.attention import paged_attention_torch
+from inflight.kernels.kernel_set import KernelOps
+from inflight.kernels.kv_write import write_kv_ref
+from inflight.kernels.rmsnorm import rms_norm_ref
+from inflight.kernels.rotary import rotary_ref
 
 __all__ = ["BACKENDS", "KernelOps", "TORCH_OPS", "get_ops", "resolve_backend"]
 
@@ -36,6 +36,6 @@ def get_ops(requested: str | None = None, device: str = "cpu") -> KernelOps:
     name = resolve_backend(requested, device)
     if name == "torch":
         return TORCH_OPS
-    from kernels.triton_ops import TRITON_OPS  # imported only when asked for: needs triton
+    from inflight.kernels.triton_ops import TRITON_OPS  # imported only when asked for: needs triton
 
     return TRITON_OPS

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.quant import unpack_int4
+from inflight.kernels.quant import unpack_int4
 
 INT8_PACKED_MAX_ROWS = 32
 INT4_PACKED_MAX_ROWS = 64

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_util import check_device
+from inflight.kernels.triton_util import check_device
 
 
 @triton.jit

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_util import check_device, is_cuda, num_sms
+from inflight.kernels.triton_util import check_device, is_cuda, num_sms
 
 LOG2E = 1.4426950408889634
 

@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.quant import num_groups
-from kernels.triton_util import check_device, is_cuda, num_sms
+from inflight.kernels.quant import num_groups
+from inflight.kernels.triton_util import check_device, is_cuda, num_sms
 
 
 @triton.jit

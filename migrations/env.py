@@ -13,7 +13,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from store.models import Base
+from inflight.store.models import Base
 
 config = context.config
 if config.config_file_name is not None and not config.attributes.get("programmatic"):

@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from schemas import Settings
-from store import CANCELLED, EXPIRED, QUEUED, RUNNING, BatchRow, Store
-from store.models import utcnow
+from inflight.schemas import Settings
+from inflight.store import CANCELLED, EXPIRED, QUEUED, RUNNING, BatchRow, Store
+from inflight.store.models import utcnow
 
 ERR_BATCH_EXPIRED = "batch_expired"
 

@@ -18,13 +18,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from operator import itemgetter
 from typing import IO, Any
 
-from schemas import PRIORITY_BATCH, SchemaError, encode
-from schemas.errors import NotFoundError, Retry
-from store import CANCELLED, CANCELLING, FAILED, IN_PROGRESS, QUEUED, VALIDATING, BatchRow
-from store.models import utcnow
+from inflight.schemas import PRIORITY_BATCH, SchemaError, encode
+from inflight.schemas.errors import NotFoundError, Retry
+from inflight.store import CANCELLED, CANCELLING, FAILED, IN_PROGRESS, QUEUED, VALIDATING, BatchRow
+from inflight.store.models import utcnow
 
-from producers.batch_context import JobContext, dispatch_marker, end_requests, expired
-from producers.batch_lines import LineChecker, LineError
+from inflight.producers.batch_context import JobContext, dispatch_marker, end_requests, expired
+from inflight.producers.batch_lines import LineChecker, LineError
 
 log = logging.getLogger("inflight.batch")
 

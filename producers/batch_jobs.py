@@ -2,7 +2,7 @@
 
 Python API (the CLI, `producers.Client` and the HTTP API use exactly these):
 
-    from producers import batch_jobs as jobs
+    from inflight.producers import batch_jobs as jobs
     f = store.create_file(chunks, purpose="batch", filename="in.jsonl", owner=...)
     b = jobs.create_batch(store, input_file_id=f.id, endpoint="/v1/chat/completions",
                           completion_window="24h", metadata={...}, owner=...)  # `validating`
@@ -41,15 +41,15 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from schemas import SchemaError
-from schemas.errors import Retry, StateError
-from store import BATCH_FINAL_STATUSES, CANCELLED, CANCELLING, BatchRow, Store
-from store.models import utcnow
+from inflight.schemas import SchemaError
+from inflight.schemas.errors import Retry, StateError
+from inflight.store import BATCH_FINAL_STATUSES, CANCELLED, CANCELLING, BatchRow, Store
+from inflight.store.models import utcnow
 
-from producers.batch_context import (JobContext, Publisher, open_request_ids)
-from producers.batch_enqueue import validate_and_enqueue
-from producers.batch_lines import ENDPOINTS
-from producers.batch_sweep import SweepReport, sweep
+from inflight.producers.batch_context import (JobContext, Publisher, open_request_ids)
+from inflight.producers.batch_enqueue import validate_and_enqueue
+from inflight.producers.batch_lines import ENDPOINTS
+from inflight.producers.batch_sweep import SweepReport, sweep
 
 log = logging.getLogger("inflight.batch")
 

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from schemas import SchemaError, Settings
-from schemas.anthropic_batch import MESSAGES_URL, anthropic_batch_request
-from schemas.base import ID_RE, MAX_ID_LEN
-from schemas.batch import CHAT_URL, COMPLETIONS_URL, openai_batch_request
-from schemas.codec import load_object
-from schemas.errors import ConfigError
-from schemas.requests import PRIORITY_BATCH, InferenceRequest
+from inflight.schemas import SchemaError, Settings
+from inflight.schemas.anthropic_batch import MESSAGES_URL, anthropic_batch_request
+from inflight.schemas.base import ID_RE, MAX_ID_LEN
+from inflight.schemas.batch import CHAT_URL, COMPLETIONS_URL, openai_batch_request
+from inflight.schemas.codec import load_object
+from inflight.schemas.errors import ConfigError
+from inflight.schemas.requests import PRIORITY_BATCH, InferenceRequest
 
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, MESSAGES_URL)
 MAX_CUSTOM_ID = 512

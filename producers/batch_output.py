@@ -30,12 +30,12 @@ from typing import Any
 
 import orjson
 
-from schemas.anthropic_batch import MESSAGES_URL
-from schemas.batch import CHAT_URL
-from store import BatchRow, Store
-from store.models import CANCELLED, COMPLETED, EXPIRED, FAILED
+from inflight.schemas.anthropic_batch import MESSAGES_URL
+from inflight.schemas.batch import CHAT_URL
+from inflight.store import BatchRow, Store
+from inflight.store.models import CANCELLED, COMPLETED, EXPIRED, FAILED
 
-from producers.batch_lines import request_id_for
+from inflight.producers.batch_lines import request_id_for
 
 PAGE = 1000  # input lines (and request rows fetched) per round trip
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from store import (CANCELLED, CANCELLING, COMPLETED, EXPIRED, FINALIZING, IN_PROGRESS,
+from inflight.store import (CANCELLED, CANCELLING, COMPLETED, EXPIRED, FINALIZING, IN_PROGRESS,
                    VALIDATING, BatchRow)
-from store.models import utcnow
+from inflight.store.models import utcnow
 
-from producers.batch_context import (JobContext, dispatch_marker, end_requests, expired,
+from inflight.producers.batch_context import (JobContext, dispatch_marker, end_requests, expired,
                                      open_request_ids)
-from producers.batch_output import LostLease, write_results
+from inflight.producers.batch_output import LostLease, write_results
 
 log = logging.getLogger("inflight.batch")
 

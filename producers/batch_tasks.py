@@ -26,14 +26,14 @@ from typing import Any
 
 from celery import Celery
 
-from schemas import Settings
-from schemas.errors import BrokerError, NotFoundError, Retry, StoreError
-from store import Store
+from inflight.schemas import Settings
+from inflight.schemas.errors import BrokerError, NotFoundError, Retry, StoreError
+from inflight.store import Store
 
-from producers.batch_jobs import JobContext, sweep, validate_and_enqueue
-from producers.batch_lines import context_length
-from producers.celery_app import ENQUEUE_TASK, SWEEP_TASK, celery_app, send_enqueue
-from producers.client import Client
+from inflight.producers.batch_jobs import JobContext, sweep, validate_and_enqueue
+from inflight.producers.batch_lines import context_length
+from inflight.producers.celery_app import ENQUEUE_TASK, SWEEP_TASK, celery_app, send_enqueue
+from inflight.producers.client import Client
 
 log = logging.getLogger("inflight.batch")
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from celery import Celery
 
-from schemas import Settings
+from inflight.schemas import Settings
 
-from producers.celery_fs import TRANSPORT as FS_TRANSPORT
+from inflight.producers.celery_fs import TRANSPORT as FS_TRANSPORT
 
 ENQUEUE_TASK = "inflight.batch.enqueue"
 SWEEP_TASK = "inflight.batch.sweep"

@@ -32,17 +32,17 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError
 from pydantic import ValidationError
 
-from schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, FinalEvent,
+from inflight.schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, FinalEvent,
                      InferenceRequest, SamplingParams, SchemaError, Settings, TokenEvent,
                      decode_result, encode)
-from schemas.codec import schema_error
-from schemas.errors import BrokerError, InflightError, StateError
-from schemas.kafka_clients import partitions_of, plain_consumer, producer
-from store import FINAL_STATUSES, BatchRow, FileRow, Store
+from inflight.schemas.codec import schema_error
+from inflight.schemas.errors import BrokerError, InflightError, StateError
+from inflight.schemas.kafka_clients import partitions_of, plain_consumer, producer
+from inflight.store import FINAL_STATUSES, BatchRow, FileRow, Store
 
-from producers import batch_jobs
-from producers.celery_app import celery_app, send_enqueue
-from producers.stream import follow, partition_for
+from inflight.producers import batch_jobs
+from inflight.producers.celery_app import celery_app, send_enqueue
+from inflight.producers.stream import follow, partition_for
 
 NOT_FOUND = "not_found"
 STREAM_CLOCK_SLACK_S = 5.0   # start a stream this much before the submit time (clock skew)

@@ -26,7 +26,7 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
 
-from schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent, TokenEvent,
+from inflight.schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent, TokenEvent,
                      decode_result)
 
 RESOLVE_EVERY_S = 0.2  # a partition with nothing stamped after the start time yet: ask again

@@ -4,19 +4,19 @@ Priority convention: LOWER number = MORE urgent (PRIORITY_INTERACTIVE = 0,
 PRIORITY_BATCH = 10).
 """
 
-from schemas.batch import parse_batch_line
-from schemas.codec import (DEFAULT_MAX_BYTES, DEFAULT_MAX_PROMPT_CHARS, decode_request,
+from inflight.schemas.batch import parse_batch_line
+from inflight.schemas.codec import (DEFAULT_MAX_BYTES, DEFAULT_MAX_PROMPT_CHARS, decode_request,
                            decode_result, encode, salvage_request_id)
-from schemas.errors import (BrokerError, CapacityError, ConfigError, InflightError, ModelError,
+from inflight.schemas.errors import (BrokerError, CapacityError, ConfigError, InflightError, ModelError,
                             NotFoundError, Retry, SchemaError, StateError, StoreError)
-from schemas.events import (ERR_CANCELLED, ERR_ENGINE, ERR_EXPIRED, ERR_INTERNAL,
+from inflight.schemas.events import (ERR_CANCELLED, ERR_ENGINE, ERR_EXPIRED, ERR_INTERNAL,
                             ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG,
                             FINISH_REASONS, ErrorEvent, FinalEvent, FinishReason, ResultEvent,
                             StatusEvent, Timings, TokenEvent, Usage)
-from schemas.params import SamplingParams
-from schemas.requests import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ChatMessage,
+from inflight.schemas.params import SamplingParams
+from inflight.schemas.requests import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ChatMessage,
                               InferenceRequest)
-from schemas.settings import Settings
+from inflight.schemas.settings import Settings
 
 __all__ = [
     "BrokerError", "CapacityError", "ConfigError", "InflightError", "ModelError", "Retry",

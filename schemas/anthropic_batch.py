@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.codec import DEFAULT_MAX_PROMPT_CHARS, request_from_object
-from schemas.errors import SchemaError
-from schemas.requests import PRIORITY_BATCH, InferenceRequest
+from inflight.schemas.codec import DEFAULT_MAX_PROMPT_CHARS, request_from_object
+from inflight.schemas.errors import SchemaError
+from inflight.schemas.requests import PRIORITY_BATCH, InferenceRequest
 
 MESSAGES_URL = "/v1/messages"
 

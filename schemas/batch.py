@@ -17,11 +17,11 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from schemas.base import ID_RE, MAX_ID_LEN
-from schemas.codec import (DEFAULT_MAX_BYTES, DEFAULT_MAX_PROMPT_CHARS, load_object,
+from inflight.schemas.base import ID_RE, MAX_ID_LEN
+from inflight.schemas.codec import (DEFAULT_MAX_BYTES, DEFAULT_MAX_PROMPT_CHARS, load_object,
                            request_from_object, salvage_request_id, schema_error)
-from schemas.errors import SchemaError
-from schemas.requests import PRIORITY_BATCH, InferenceRequest
+from inflight.schemas.errors import SchemaError
+from inflight.schemas.requests import PRIORITY_BATCH, InferenceRequest
 
 COMPLETIONS_URL = "/v1/completions"
 CHAT_URL = "/v1/chat/completions"

@@ -14,10 +14,10 @@ import json
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from schemas.base import ID_RE, MAX_ID_LEN, FieldError
-from schemas.errors import SchemaError
-from schemas.events import ResultEvent
-from schemas.requests import InferenceRequest
+from inflight.schemas.base import ID_RE, MAX_ID_LEN, FieldError
+from inflight.schemas.errors import SchemaError
+from inflight.schemas.events import ResultEvent
+from inflight.schemas.requests import InferenceRequest
 
 DEFAULT_MAX_BYTES = 1_000_000        # = Settings.kafka_max_message_bytes default
 DEFAULT_MAX_PROMPT_CHARS = 200_000   # = Settings.max_prompt_chars default

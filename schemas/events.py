@@ -16,8 +16,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field
 
-from schemas.base import SCHEMA_VERSION, WireId, WireModel
-from schemas.params import TokenId
+from inflight.schemas.base import SCHEMA_VERSION, WireId, WireModel
+from inflight.schemas.params import TokenId
 
 # Engine finish reasons, as vLLM spells them.
 FinishReason = Literal["stop", "length", "abort", "error"]

@@ -13,9 +13,9 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
 
-from schemas import kafka_records
-from schemas.errors import BrokerError
-from schemas.settings import Settings
+from inflight.schemas import kafka_records
+from inflight.schemas.errors import BrokerError
+from inflight.schemas.settings import Settings
 
 
 def connect(client_cls: type, settings: Settings, **opts: Any) -> Any:

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from schemas.base import SCHEMA_VERSION, WireModel
+from inflight.schemas.base import SCHEMA_VERSION, WireModel
 
 MAX_TOKENS_LIMIT = 131_072  # generous upper bound; the engine also checks the model's context
 MAX_STOP_STRINGS = 16

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, ValidationInfo, model_validator
 
-from schemas.base import SCHEMA_VERSION, FieldError, FiniteJson, WireId, WireModel
-from schemas.params import SamplingParams, TokenId
+from inflight.schemas.base import SCHEMA_VERSION, FieldError, FiniteJson, WireId, WireModel
+from inflight.schemas.params import SamplingParams, TokenId
 
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 10

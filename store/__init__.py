@@ -1,14 +1,14 @@
 """The SQL store: tables, idempotent upserts and lookups. Imports only `schemas`."""
 
-from store.migrate import upgrade
-from store.files import CHUNK_BYTES, FILE_PURPOSES, new_file_id
-from store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BATCH_STATUSES, CANCELLED,
+from inflight.store.migrate import upgrade
+from inflight.store.files import CHUNK_BYTES, FILE_PURPOSES, new_file_id
+from inflight.store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BATCH_STATUSES, CANCELLED,
                           CANCELLING, COMPLETED, EXPIRED, FAILED, FINAL_STATUSES, FINALIZING,
                           IN_PROGRESS, QUEUED, RUNNING, STATUS_RANK, STATUSES, VALIDATING,
                           BatchRow, FileRow, RequestRow)
-from store.queries import Store, normalize_url
-from store.keys import ApiKeyRow  # registers api_keys on Base.metadata (migrations compare it)
-from store.rows import (FINISH_TO_STATUS, error_row, final_row, queued_row, running_row,
+from inflight.store.queries import Store, normalize_url
+from inflight.store.keys import ApiKeyRow  # registers api_keys on Base.metadata (migrations compare it)
+from inflight.store.rows import (FINISH_TO_STATUS, error_row, final_row, queued_row, running_row,
                         stand_in_rows)
 
 __all__ = ["Store", "upgrade", "normalize_url", "RequestRow", "BatchRow", "FileRow", "ApiKeyRow", "STATUSES",

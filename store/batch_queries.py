@@ -21,8 +21,8 @@ from typing import Any
 
 from sqlalchemy import and_, func, or_, select, tuple_, update
 
-from schemas.errors import NotFoundError, StoreError
-from store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BATCH_STATUSES, VALIDATING,
+from inflight.schemas.errors import NotFoundError, StoreError
+from inflight.store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BATCH_STATUSES, VALIDATING,
                           BatchRow, utcnow)
 
 # columns that progress/bookkeeping updates may set (status only through transition_batch)

@@ -19,8 +19,8 @@ from datetime import datetime
 
 from sqlalchemy import delete, select, update
 
-from schemas.errors import NotFoundError
-from store.models import FILE_UPLOADED, FILE_UPLOADING, FileChunkRow, FileRow, utcnow
+from inflight.schemas.errors import NotFoundError
+from inflight.store.models import FILE_UPLOADED, FILE_UPLOADING, FileChunkRow, FileRow, utcnow
 
 CHUNK_BYTES = 1 << 20  # 1 MiB per stored chunk
 

@@ -12,8 +12,8 @@ from datetime import datetime
 from sqlalchemy import String, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
-from store.models import OWNER_LEN, Base, utcnow
-from store.queries import Store
+from inflight.store.models import OWNER_LEN, Base, utcnow
+from inflight.store.queries import Store
 
 KEY_ID_LEN = 32
 

@@ -17,15 +17,15 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from schemas.errors import StoreError
-from store.urls import normalize_url, redact
+from inflight.schemas.errors import StoreError
+from inflight.store.urls import normalize_url, redact
 
 
 def migrations_dir() -> Path:
     # NOTE: located, not imported (store imports only schemas; migrations imports store).
-    spec = importlib.util.find_spec("migrations")
+    spec = importlib.util.find_spec("inflight.migrations")
     if spec is None or not spec.submodule_search_locations:
-        raise StoreError("the 'migrations' package is not installed next to 'store'; "
+        raise StoreError("the 'inflight.migrations' package is not installed; "
                          "reinstall inflight")
     return Path(list(spec.submodule_search_locations)[0])
 

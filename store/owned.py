@@ -15,10 +15,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError
 
-from schemas.errors import StoreError
+from inflight.schemas.errors import StoreError
 
-from store.models import QUEUED, RequestRow, utcnow
-from store.queries import Store
+from inflight.store.models import QUEUED, RequestRow, utcnow
+from inflight.store.queries import Store
 
 # What GET /v1/requests/{id} shows (not the prompt: it can be large and the caller has it).
 VIEW_COLUMNS = (RequestRow.id, RequestRow.owner, RequestRow.status, RequestRow.batch_id,

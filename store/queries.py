@@ -37,11 +37,11 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from schemas.errors import StoreError
-from store.batch_queries import BatchQueries
-from store.files import FileQueries
-from store.models import QUEUED, STATUS_RANK, STATUSES, RequestRow, utcnow
-from store.urls import normalize_url, redact
+from inflight.schemas.errors import StoreError
+from inflight.store.batch_queries import BatchQueries
+from inflight.store.files import FileQueries
+from inflight.store.models import QUEUED, STATUS_RANK, STATUSES, RequestRow, utcnow
+from inflight.store.urls import normalize_url, redact
 
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
 _REQUEST_COLUMN_SET = frozenset(_REQUEST_COLUMNS)
@@ -128,7 +128,7 @@ class Store(BatchQueries, FileQueries):
         self._upsert: Any = None
         self._pg_upsert: Any = None
         if create:
-            from store.migrate import upgrade
+            from inflight.store.migrate import upgrade
             upgrade(self.url)
 
     @classmethod

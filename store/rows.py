@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_STORE_REJECTED, ErrorEvent,
+from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_STORE_REJECTED, ErrorEvent,
                             FinalEvent)
-from schemas.requests import InferenceRequest
-from store.models import CANCELLED, COMPLETED, EXPIRED, FAILED, QUEUED, RUNNING
+from inflight.schemas.requests import InferenceRequest
+from inflight.store.models import CANCELLED, COMPLETED, EXPIRED, FAILED, QUEUED, RUNNING
 
 # engine finish reason -> final request status
 FINISH_TO_STATUS = {"stop": COMPLETED, "length": COMPLETED, "abort": CANCELLED, "error": FAILED}

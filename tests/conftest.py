@@ -64,7 +64,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
-    from inflight.broker import EmbeddedBroker
+    from inflight.cli.broker import EmbeddedBroker
 
     b = EmbeddedBroker(log_path=tmp_path_factory.mktemp("broker") / "tansu.log")
     b.start()

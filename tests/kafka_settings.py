@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import uuid
 
-from schemas import Settings
+from inflight.schemas import Settings
 
 
 def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -> Settings:
     """Settings pointed at `broker` with unique topic and group names (tests sharing the
     broker never see each other's messages); the topics are created up front."""
-    from inflight.topics import create_topics
+    from inflight.cli.topics import create_topics
 
     tag = uuid.uuid4().hex[:8]
     s = Settings(

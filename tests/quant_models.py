@@ -16,8 +16,8 @@ CALIB = dict(num_samples=4, seq_len=32)  # enough for GPTQ on a 64-wide model, i
 
 
 def quantized(src, dest, scheme: str, group_size: int | None = None, method: str = "rtn") -> pathlib.Path:
-    from engine.quant.config import QuantConfig
-    from engine.quant.quantize import quantize_model
+    from inflight.engine.quant.config import QuantConfig
+    from inflight.engine.quant.quantize import quantize_model
 
     return quantize_model(src, dest, QuantConfig(scheme, group_size, method),
                           progress=lambda line: None, **(CALIB if method == "gptq" else {}))
@@ -28,7 +28,7 @@ def dequantized_reference(qfolder, dest) -> pathlib.Path:
     kernels/quant.py) and every other tensor in fp32: what the engine should compute."""
     from safetensors.torch import load_file, save_file
 
-    from kernels.quant import dequantize_w4, dequantize_w8
+    from inflight.kernels.quant import dequantize_w4, dequantize_w8
 
     qfolder, dest = pathlib.Path(qfolder), pathlib.Path(dest)
     config = json.loads((qfolder / "config.json").read_text())

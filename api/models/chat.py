@@ -14,12 +14,12 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas import InferenceRequest, SchemaError, parse_batch_line
-from schemas.batch import CHAT_URL
-from schemas.events import Logprobs
-from schemas.params import (MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+from inflight.schemas import InferenceRequest, SchemaError, parse_batch_line
+from inflight.schemas.batch import CHAT_URL
+from inflight.schemas.events import Logprobs
+from inflight.schemas.params import (MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
                             MAX_TOKENS_LIMIT, SEED_MAX, TokenId)
-from schemas.requests import MAX_MESSAGES, PRIORITY_INTERACTIVE
+from inflight.schemas.requests import MAX_MESSAGES, PRIORITY_INTERACTIVE
 
 
 class TextPart(BaseModel):

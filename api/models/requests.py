@@ -8,11 +8,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from schemas import ChatMessage, InferenceRequest, SamplingParams
-from schemas.base import ID_PATTERN
-from schemas.codec import schema_error
-from schemas.params import TokenId
-from schemas.requests import MAX_MESSAGES, MAX_METADATA_KEYS, PRIORITY_MAX, PRIORITY_MIN
+from inflight.schemas import ChatMessage, InferenceRequest, SamplingParams
+from inflight.schemas.base import ID_PATTERN
+from inflight.schemas.codec import schema_error
+from inflight.schemas.params import TokenId
+from inflight.schemas.requests import MAX_MESSAGES, MAX_METADATA_KEYS, PRIORITY_MAX, PRIORITY_MIN
 
 RequestStatus = Literal["queued", "running", "completed", "failed", "cancelled", "expired"]
 RequestId = Annotated[str, Field(pattern=ID_PATTERN, max_length=128,

@@ -18,15 +18,15 @@ from anyio import to_thread
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
-from api.context import ApiContext
-from api.deps import Caller, Ctx, owns
-from api.errors import APIError, not_found
-from api.models.batches import OPENAI_ENDPOINTS, BatchList, BatchObject, CreateBatch
-from api.models.errors import OPENAI_ERRORS
-from api.responses import json_response
-from api.routes.files import owned_file
-from producers import batch_jobs
-from producers.celery_app import send_enqueue
+from inflight.api.context import ApiContext
+from inflight.api.deps import Caller, Ctx, owns
+from inflight.api.errors import APIError, not_found
+from inflight.api.models.batches import OPENAI_ENDPOINTS, BatchList, BatchObject, CreateBatch
+from inflight.api.models.errors import OPENAI_ERRORS
+from inflight.api.responses import json_response
+from inflight.api.routes.files import owned_file
+from inflight.producers import batch_jobs
+from inflight.producers.celery_app import send_enqueue
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=OPENAI_ERRORS)
 BatchId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",

@@ -23,20 +23,20 @@ from anyio import to_thread
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from api.context import ApiContext
-from api.deps import Caller, Ctx
-from api.errors import APIError
-from api.models.chat import (ChatCompletion, ChatCompletionRequest, chunk, completion,
+from inflight.api.context import ApiContext
+from inflight.api.deps import Caller, Ctx
+from inflight.api.errors import APIError
+from inflight.api.models.chat import (ChatCompletion, ChatCompletionRequest, chunk, completion,
                              finish_of, usage_of)
-from api.models.errors import OPENAI_ERRORS, WAIT_ERRORS
-from api.responses import json_response
-from api.sse import sse
-from producers import RequestNotFound
-from schemas import ErrorEvent, FinalEvent, TokenEvent
-from schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
+from inflight.api.models.errors import OPENAI_ERRORS, WAIT_ERRORS
+from inflight.api.responses import json_response
+from inflight.api.sse import sse
+from inflight.producers import RequestNotFound
+from inflight.schemas import ErrorEvent, FinalEvent, TokenEvent
+from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
                             ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG)
-from store import queued_row
-from store.owned import release_request
+from inflight.store import queued_row
+from inflight.store.owned import release_request
 
 router = APIRouter(tags=["chat"], responses=OPENAI_ERRORS)
 

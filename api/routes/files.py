@@ -19,14 +19,14 @@ from anyio import to_thread
 from fastapi import APIRouter, File, Form, Path, Query, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
-from api.context import ApiContext
-from api.deps import Caller, Ctx, owns
-from api.errors import APIError, not_found
-from api.models.errors import OPENAI_ERRORS
-from api.models.files import FileList, FileObject, file_object
-from api.responses import json_response
-from api.uploads import LineCaps
-from store import new_file_id
+from inflight.api.context import ApiContext
+from inflight.api.deps import Caller, Ctx, owns
+from inflight.api.errors import APIError, not_found
+from inflight.api.models.errors import OPENAI_ERRORS
+from inflight.api.models.files import FileList, FileObject, file_object
+from inflight.api.responses import json_response
+from inflight.api.uploads import LineCaps
+from inflight.store import new_file_id
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=OPENAI_ERRORS)
 FileId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",

@@ -10,7 +10,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 from sqlalchemy import text
 
-from api.deps import Ctx
+from inflight.api.deps import Ctx
 
 router = APIRouter(tags=["health"])
 

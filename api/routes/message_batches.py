@@ -21,16 +21,16 @@ from anyio import to_thread
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from api.deps import Caller, Ctx
-from api.errors import APIError
-from api.models.batches import (CreateMessageBatch, MessageBatchList, MessageBatchObject)
-from api.models.errors import ANTHROPIC_ERRORS
-from api.responses import json_response
-from api.routes.batches import owned_batch, start
-from api.routes.files import stream_file
-from producers import batch_jobs
-from schemas.anthropic_batch import MESSAGES_URL
-from store import new_file_id
+from inflight.api.deps import Caller, Ctx
+from inflight.api.errors import APIError
+from inflight.api.models.batches import (CreateMessageBatch, MessageBatchList, MessageBatchObject)
+from inflight.api.models.errors import ANTHROPIC_ERRORS
+from inflight.api.responses import json_response
+from inflight.api.routes.batches import owned_batch, start
+from inflight.api.routes.files import stream_file
+from inflight.producers import batch_jobs
+from inflight.schemas.anthropic_batch import MESSAGES_URL
+from inflight.store import new_file_id
 
 router = APIRouter(prefix="/v1/messages/batches", tags=["anthropic"],
                    responses=ANTHROPIC_ERRORS)

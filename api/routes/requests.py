@@ -22,16 +22,16 @@ from anyio import to_thread
 from fastapi import APIRouter, Path
 from fastapi.responses import Response, StreamingResponse
 
-from api.deps import Caller, Ctx, owns
-from api.errors import APIError, not_found
-from api.models.errors import OPENAI_ERRORS, SUBMIT_ERRORS
-from api.models.requests import RequestObject, SubmitRequest, queued_object, request_object
-from api.responses import json_response
-from api.sse import sse, stored_events
-from producers import RequestNotFound
-from schemas.errors import InflightError
-from store import FINAL_STATUSES, queued_row
-from store.owned import release_request
+from inflight.api.deps import Caller, Ctx, owns
+from inflight.api.errors import APIError, not_found
+from inflight.api.models.errors import OPENAI_ERRORS, SUBMIT_ERRORS
+from inflight.api.models.requests import RequestObject, SubmitRequest, queued_object, request_object
+from inflight.api.responses import json_response
+from inflight.api.sse import sse, stored_events
+from inflight.producers import RequestNotFound
+from inflight.schemas.errors import InflightError
+from inflight.store import FINAL_STATUSES, queued_row
+from inflight.store.owned import release_request
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"], responses=OPENAI_ERRORS)
 PathId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",

@@ -39,10 +39,13 @@ mkdir -p .whl
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
     -d .whl "${pins[@]}"
+# the project itself: its folders install as inflight.* only through the wheel's package
+# mapping (a plain PYTHONPATH of the checkout has no inflight.engine)
+"$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl .
 echo "prepare: $(ls .whl | wc -l) wheels in .whl/ ($(du -sh .whl | cut -f1)): ${pins[*]}"
 
 # The tokenizer of the default model (converted once from the bundled GGUF if needed).
-model=$("$PY" -c "from inflight.model import ensure_default_model; print(ensure_default_model())")
+model=$("$PY" -c "from inflight.cli.model import ensure_default_model; print(ensure_default_model())")
 rm -rf .gpu/tokenizer
 mkdir -p .gpu/tokenizer
 for f in "$model"/*; do

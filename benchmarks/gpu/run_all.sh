@@ -71,7 +71,8 @@ else
     PY=python3
     stage install 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=$ROOT:/tmp/site
+    # the project's own wheel (prepare.sh) is among them: inflight.* resolves from /tmp/site
+    export PYTHONPATH=/tmp/site:$ROOT
 fi
 "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 
@@ -81,7 +82,7 @@ M135=$WORK/models/smollm2-135m-shape
 M1B=$WORK/models/1b-shape
 if [ "$SMOKE" = 1 ]; then
     DEVICE=cpu DTYPE=float32
-    [ -d "$TOK" ] || TOK=$("$PY" -c "from inflight.model import ensure_default_model; print(ensure_default_model())")
+    [ -d "$TOK" ] || TOK=$("$PY" -c "from inflight.cli.model import ensure_default_model; print(ensure_default_model())")
     SHAPE_135M=(--layers 2 --hidden 64 --heads 4 --kv-heads 2 --inter 128 --dtype float32)
     SHAPE_1B=(--layers 3 --hidden 128 --heads 4 --kv-heads 2 --inter 256 --dtype float32)
     BATCHES=1,4 STEPS=3 REQUESTS=8 HF_REQUESTS=4 SEQS=8 TOKENS=512

@@ -20,12 +20,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.model import ModelConfig
-from engine.quant.config import QuantConfig
-from engine.quant.gptq import HessianAccumulator, gptq_quantize
-from engine.quant.rtn import QuantizedWeight
-from kernels.rmsnorm import rms_norm_ref
-from kernels.rotary import rope_cos_sin
+from inflight.engine.model import ModelConfig
+from inflight.engine.quant.config import QuantConfig
+from inflight.engine.quant.gptq import HessianAccumulator, gptq_quantize
+from inflight.engine.quant.rtn import QuantizedWeight
+from inflight.kernels.rmsnorm import rms_norm_ref
+from inflight.kernels.rotary import rope_cos_sin
 
 CHUNK = 8  # calibration windows per forward piece (bounds the [chunk, L, intermediate] peak)
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.quant.config import QuantConfig
-from engine.quant.rtn import (QuantizedWeight, pack_w4, w4_params, w4_round, w8_round,
+from inflight.engine.quant.config import QuantConfig
+from inflight.engine.quant.rtn import (QuantizedWeight, pack_w4, w4_params, w4_round, w8_round,
                               w8_scales)
-from kernels.quant import num_groups
+from inflight.kernels.quant import num_groups
 
 DAMP = 0.01
 BLOCK = 128

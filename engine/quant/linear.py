@@ -19,11 +19,11 @@ from typing import Callable, Protocol, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.quant.config import QuantConfig
-from kernels.quant import dequantize_w4_grouped, dequantize_w8, num_groups
-from kernels.quant_cpu import (INT4_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS, PACKED_DTYPES,
+from inflight.engine.quant.config import QuantConfig
+from inflight.kernels.quant import dequantize_w4_grouped, dequantize_w8, num_groups
+from inflight.kernels.quant_cpu import (INT4_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS, PACKED_DTYPES,
                                Int4PackedCPU, aligned, w8a16_matmul_cpu)
-from schemas.errors import ModelError
+from inflight.schemas.errors import ModelError
 
 Take = Callable[[str, bool], "torch.Tensor | None"]  # (name, required) -> stored tensor
 
@@ -55,7 +55,7 @@ class W8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.triton:
-            from kernels.triton_quant_matmul import w8a16_matmul_triton
+            from inflight.kernels.triton_quant_matmul import w8a16_matmul_triton
 
             return w8a16_matmul_triton(x, self.qweight, self.scales, self.bias)
         if self.cpu_scales is not None and x.shape[0] <= INT8_PACKED_MAX_ROWS:
@@ -84,7 +84,7 @@ class W4Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.triton:
-            from kernels.triton_quant_matmul import w4a16_matmul_triton
+            from inflight.kernels.triton_quant_matmul import w4a16_matmul_triton
 
             return w4a16_matmul_triton(x, self.qweight, self.scales, self.zeros, self.group_size,
                                        self.bias)

@@ -25,13 +25,13 @@ from typing import Callable
 
 import torch
 
-from engine.model import ModelConfig, load_tensors
-from engine.quant.calibrate import gptq_model
-from engine.quant.calibration import calibration_text, text_digest, token_windows
-from engine.quant.config import LINEAR_NAMES, QuantConfig
-from engine.quant.rtn import QuantizedWeight, quantize_w4, quantize_w8
-from engine.tokenizer import Tokenizer
-from schemas.errors import ConfigError, ModelError
+from inflight.engine.model import ModelConfig, load_tensors
+from inflight.engine.quant.calibrate import gptq_model
+from inflight.engine.quant.calibration import calibration_text, text_digest, token_windows
+from inflight.engine.quant.config import LINEAR_NAMES, QuantConfig
+from inflight.engine.quant.rtn import QuantizedWeight, quantize_w4, quantize_w8
+from inflight.engine.tokenizer import Tokenizer
+from inflight.schemas.errors import ConfigError, ModelError
 
 log = logging.getLogger("inflight.quantize")
 

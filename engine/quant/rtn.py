@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.quant import num_groups, pack_int4
+from inflight.kernels.quant import num_groups, pack_int4
 
 INT8_MAX = 127
 INT4_MAX = 15

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from schemas import Settings
+from inflight.schemas import Settings
 from tests.api.server import ApiServer
 from tests.consumers.conftest import Service, make_settings, migrated, tiny_engine
 from tests.pgdb import temporary_database
@@ -36,7 +36,7 @@ class Stack:
         return self.api.ctx.store
 
     def new_key(self, name: str = "test", owner: str | None = None):
-        from api.keys import create_key
+        from inflight.api.keys import create_key
 
         return create_key(self.store, name, owner=owner)
 

@@ -8,8 +8,8 @@ import time
 
 import uvicorn
 
-from api import create_app
-from schemas import Settings
+from inflight.api import create_app
+from inflight.schemas import Settings
 
 
 def free_port() -> int:

@@ -9,10 +9,10 @@ import orjson
 import pytest
 from sqlalchemy import select
 
-from api.keys import all_keys, create_key, lookup, parse_token, revoke
-from schemas.errors import ConfigError
-from store import Store
-from store.keys import ApiKeyRow
+from inflight.api.keys import all_keys, create_key, lookup, parse_token, revoke
+from inflight.schemas.errors import ConfigError
+from inflight.store import Store
+from inflight.store.keys import ApiKeyRow
 from tests.api.server import ApiServer
 from tests.consumers.conftest import make_settings
 
@@ -44,7 +44,7 @@ def test_keys_are_stored_hashed_and_checked(tmp_path):
 
 
 def test_cli_create_list_revoke(tmp_path, monkeypatch, capsys):
-    from inflight.cli import main
+    from inflight.cli.main import main
 
     monkeypatch.setenv("INFLIGHT_DATABASE_URL", f"sqlite:///{tmp_path / 'k.db'}")
 

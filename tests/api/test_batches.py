@@ -40,7 +40,7 @@ def wait_batch(client: openai.OpenAI, batch_id: str, timeout: float = 90.0):
 
 def engine_reference(model, items):
     """{custom_id: RequestOutput} of the same chats run straight on a fresh engine."""
-    from engine import SamplingParams as EP
+    from inflight.engine import SamplingParams as EP
     from tests.consumers.conftest import finals_of, tiny_engine
 
     eng = tiny_engine(model)

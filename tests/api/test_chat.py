@@ -15,8 +15,8 @@ MESSAGES = [{"role": "system", "content": "be brief"},
 
 def reference(model, messages, max_tokens: int):
     """The same chat run straight on the engine (greedy)."""
-    from engine import Engine, EngineConfig
-    from engine import SamplingParams as EP
+    from inflight.engine import Engine, EngineConfig
+    from inflight.engine import SamplingParams as EP
 
     engine = Engine(EngineConfig(model=str(model), num_kv_blocks=64, max_num_seqs=2))
     engine.add_request("ref", messages=messages, params=EP(max_tokens=max_tokens, temperature=0.0))

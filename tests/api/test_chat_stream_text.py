@@ -20,11 +20,11 @@ import orjson
 import pytest
 from sqlalchemy import select
 
-from api.routes.chat import SentText
-from producers import Client
-from schemas import FinalEvent, TokenEvent
-from schemas.codec import encode
-from store.models import RequestRow
+from inflight.api.routes.chat import SentText
+from inflight.producers import Client
+from inflight.schemas import FinalEvent, TokenEvent
+from inflight.schemas.codec import encode
+from inflight.store.models import RequestRow
 from tests.api.test_requests import sse_events, streamed_text
 
 

@@ -7,12 +7,12 @@ import asyncio
 
 from anyio import to_thread
 
-from api.group_read import ViewQueue
-from api.metrics import ApiMetrics
-from schemas import FinalEvent, InferenceRequest
-from schemas.errors import StoreError
-from store import Store, final_row, queued_row
-from store.owned import claim_request
+from inflight.api.group_read import ViewQueue
+from inflight.api.metrics import ApiMetrics
+from inflight.schemas import FinalEvent, InferenceRequest
+from inflight.schemas.errors import StoreError
+from inflight.store import Store, final_row, queued_row
+from inflight.store.owned import claim_request
 
 
 async def on_thread(fn, *args):

@@ -39,8 +39,8 @@ def poll(http: httpx.Client, rid: str, timeout: float = 60.0) -> dict:
 
 
 def test_submit_poll_stream_match_the_engine(stack):
-    from engine import Engine, EngineConfig
-    from engine import SamplingParams as EP
+    from inflight.engine import Engine, EngineConfig
+    from inflight.engine import SamplingParams as EP
 
     key = stack.new_key()
     prompts = ["the quick brown fox", "hello world again", "one two three four"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import Settings
+from inflight.schemas import Settings
 from tests.kafka_settings import make_settings as make_kafka_settings
 
 
@@ -21,7 +21,7 @@ def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -
 
 
 def tiny_engine(model: Path, **kw):
-    from engine import Engine, EngineConfig
+    from inflight.engine import Engine, EngineConfig
 
     cfg = {"model": str(model), "num_kv_blocks": 512, "max_num_seqs": 64}
     cfg.update(kw)
@@ -43,8 +43,8 @@ class Service:
 
     def __init__(self, settings: Settings, engine, store=None, *, worker: bool = True,
                  recorder: bool = True):
-        from consumers.recorder import Recorder
-        from consumers.worker import Worker
+        from inflight.consumers.recorder import Recorder
+        from inflight.consumers.worker import Worker
 
         self.settings = settings
         self.worker = Worker(settings, engine) if worker else None
@@ -67,7 +67,7 @@ class Service:
 
 
 def migrated(url: str) -> str:
-    from store import upgrade
+    from inflight.store import upgrade
 
     upgrade(url)
     return url
@@ -77,7 +77,7 @@ def read_topic(settings: Settings, topic: str, *, until=None, timeout: float = 1
     """Every record of `topic` from the beginning (stops when `until(records)` or timeout)."""
     from kafka import TopicPartition
 
-    from schemas.kafka_clients import partitions_of, plain_consumer
+    from inflight.schemas.kafka_clients import partitions_of, plain_consumer
 
     consumer = plain_consumer(settings)
     try:
@@ -104,7 +104,7 @@ def read_topic(settings: Settings, topic: str, *, until=None, timeout: float = 1
 def results_by_request(settings: Settings, expect_finals: set[str], timeout: float = 20.0) -> dict:
     """{request_id: [decoded events of the results topic (status, final), in topic order]}
     once every id in `expect_finals` has a final event there."""
-    from schemas import decode_result
+    from inflight.schemas import decode_result
 
     def done(recs) -> bool:
         finals = {r.key.decode() for r in recs
@@ -121,7 +121,7 @@ def results_by_request(settings: Settings, expect_finals: set[str], timeout: flo
 
 def tokens_by_request(settings: Settings, timeout: float = 5.0) -> dict:
     """{request_id: [TokenEvents of the tokens topic, in topic order]} (all of it)."""
-    from schemas import decode_result
+    from inflight.schemas import decode_result
 
     events = defaultdict(list)
     for r in read_topic(settings, settings.topic_results_tokens, timeout=timeout):
@@ -131,7 +131,7 @@ def tokens_by_request(settings: Settings, timeout: float = 5.0) -> dict:
 
 
 def wait_rows(store, ids, timeout: float = 60.0, final: bool = True) -> dict:
-    from store import FINAL_STATUSES
+    from inflight.store import FINAL_STATUSES
 
     ids = list(ids)
     deadline = time.monotonic() + timeout

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from schemas import SamplingParams
+from inflight.schemas import SamplingParams
 from tests.consumers.conftest import Service, make_settings, tiny_engine, wait_rows
 
 pytestmark = [pytest.mark.broker]
@@ -28,8 +28,8 @@ def _cancels(listener, want: set[str], timeout: float = 15.0) -> set[str]:
 def test_listener_reads_the_lookback_window_only(broker, tmp_path):
     import orjson
 
-    from consumers.cancel import CancelListener
-    from producers.client import Client
+    from inflight.consumers.cancel import CancelListener
+    from inflight.producers.client import Client
 
     settings = make_settings(broker, f"sqlite:///{tmp_path / 'db.sqlite'}", partitions=1)
     old, new = f"old-{uuid.uuid4().hex[:6]}", f"new-{uuid.uuid4().hex[:6]}"
@@ -51,9 +51,9 @@ def test_listener_reads_the_lookback_window_only(broker, tmp_path):
 
 def test_cancel_sent_while_no_worker_ran_ends_the_queued_request_cancelled(broker, tiny_model,
                                                                           tmp_path):
-    from engine import SamplingParams as EngineParams
-    from producers.client import Client
-    from store import Store
+    from inflight.engine import SamplingParams as EngineParams
+    from inflight.producers.client import Client
+    from inflight.store import Store
 
     url = f"sqlite:///{tmp_path / 'inflight.db'}"
     settings = make_settings(broker, url)

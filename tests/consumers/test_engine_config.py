@@ -8,14 +8,14 @@ import textwrap
 
 import pytest
 
-from consumers.engine_bridge import ENGINE_SETTINGS, build_engine, engine_overrides
-from consumers.gpu_claim import claim_gpu
-from schemas import Settings
-from schemas.errors import ConfigError
+from inflight.consumers.engine_bridge import ENGINE_SETTINGS, build_engine, engine_overrides
+from inflight.consumers.gpu_claim import claim_gpu
+from inflight.schemas import Settings
+from inflight.schemas.errors import ConfigError
 
 
 def test_every_engine_knob_comes_from_the_environment(monkeypatch):
-    from engine import EngineConfig
+    from inflight.engine import EngineConfig
 
     env = {"INFLIGHT_DEVICE": "cuda", "INFLIGHT_DTYPE": "bfloat16", "INFLIGHT_MAX_NUM_SEQS": "128",
            "INFLIGHT_MAX_NUM_BATCHED_TOKENS": "4096", "INFLIGHT_MAX_MODEL_LEN": "1024",
@@ -68,7 +68,7 @@ def test_claim_survives_kill_9_of_the_holder(tmp_path):
     """The kernel drops the lock of a killed process: its GPU is free for the restart."""
     code = textwrap.dedent(f"""
         import sys, time
-        from consumers.gpu_claim import claim_gpu
+        from inflight.consumers.gpu_claim import claim_gpu
         index, handle = claim_gpu({str(tmp_path)!r}, 1)
         print(index, flush=True)
         time.sleep(60)

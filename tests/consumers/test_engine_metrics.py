@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from consumers.engine_metrics import EngineMetrics
-from engine.outputs import RequestOutput
+from inflight.consumers.engine_metrics import EngineMetrics
+from inflight.engine.outputs import RequestOutput
 
 
 def value(reg: CollectorRegistry, name: str, **labels) -> float:
@@ -64,7 +64,7 @@ def test_stats_become_gauges_and_monotonic_counters():
 
 
 def test_the_real_engine_feeds_them(tiny_model):
-    from engine import Engine, EngineConfig, SamplingParams
+    from inflight.engine import Engine, EngineConfig, SamplingParams
 
     engine = Engine(EngineConfig(model=str(tiny_model), num_kv_blocks=64, block_size=4))
     reg = CollectorRegistry()
@@ -90,7 +90,7 @@ def test_the_real_engine_feeds_them(tiny_model):
 def test_observe_many_equals_observe_one_by_one():
     from prometheus_client import CollectorRegistry, Histogram
 
-    from consumers.engine_metrics import ITL_BUCKETS, observe_many
+    from inflight.consumers.engine_metrics import ITL_BUCKETS, observe_many
 
     values = [0.0, 0.01, 0.0100001, 0.3, 7.5, 1e6, 0.05, 0.049]
     reg = CollectorRegistry()
@@ -108,7 +108,7 @@ def test_observe_many_equals_observe_one_by_one():
 def test_observe_many_with_weights_equals_repeated_observes():
     from prometheus_client import CollectorRegistry, Histogram
 
-    from consumers.engine_metrics import ITL_BUCKETS, observe_many
+    from inflight.consumers.engine_metrics import ITL_BUCKETS, observe_many
 
     values, weights = [0.01, 0.3, 7.5], [3, 1, 2]
     reg = CollectorRegistry()

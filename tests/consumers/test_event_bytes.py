@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import orjson
 
-from consumers import event_bytes
-from consumers.dlq import TRUNCATED_BODY_BYTES, dlq_headers, dlq_value
-from engine import RequestOutput
-from schemas import (ErrorEvent, FinalEvent, StatusEvent, Timings, TokenEvent, Usage,
+from inflight.consumers import event_bytes
+from inflight.consumers.dlq import TRUNCATED_BODY_BYTES, dlq_headers, dlq_value
+from inflight.engine import RequestOutput
+from inflight.schemas import (ErrorEvent, FinalEvent, StatusEvent, Timings, TokenEvent, Usage,
                      decode_result)
 
 

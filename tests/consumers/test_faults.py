@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import SamplingParams
+from inflight.schemas import SamplingParams
 from tests.consumers.conftest import (Service, make_settings, migrated, results_by_request,
                                       tiny_engine, wait_rows)
 
@@ -24,18 +24,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _worker_process(settings, model: Path, log: Path) -> subprocess.Popen:
-    from inflight.commands import settings_env
+    from inflight.cli.commands import settings_env
 
     env = {**os.environ, **settings_env(settings), "OMP_NUM_THREADS": "1", "INFLIGHT_METRICS_INTERVAL_S": "1",
            "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "consumers.worker", "--model", str(model)],
+    return subprocess.Popen([sys.executable, "-m", "inflight.consumers.worker", "--model", str(model)],
                             env=env, cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 
 
 def test_kill9_worker_mid_run_every_request_ends_with_one_final_row(broker, tiny_model, db_url,
                                                                     tmp_path):
-    from producers.client import Client
-    from store import Store
+    from inflight.producers.client import Client
+    from inflight.store import Store
 
     url = migrated(db_url)
     settings = make_settings(broker, url, worker_max_inflight=4)
@@ -68,7 +68,7 @@ def test_kill9_worker_mid_run_every_request_ends_with_one_final_row(broker, tiny
             assert len(rows) == len(ids)                       # none lost
             assert {r.status for r in rows.values()} == {"completed"}
             want = {p: out.token_ids for p, out in zip(prompts, tiny_engine(tiny_model).generate(
-                prompts[:8], [__import__("engine").SamplingParams(max_tokens=400, ignore_eos=True,
+                prompts[:8], [__import__("inflight.engine", fromlist=["SamplingParams"]).SamplingParams(max_tokens=400, ignore_eos=True,
                                                                   temperature=0)] * 8))}
             for rid, prompt in zip(ids, prompts):
                 assert rows[rid].output_token_ids == want[prompt]   # a redo is not corrupted
@@ -157,10 +157,10 @@ class TcpProxy:
 
 @pytest.mark.postgres
 def test_database_outage_under_the_recorder_loses_nothing(broker, tiny_model, postgres_url):
-    from consumers.recorder import Recorder
-    from producers.client import Client
+    from inflight.consumers.recorder import Recorder
+    from inflight.producers.client import Client
     from sqlalchemy.engine import make_url
-    from store import Store
+    from inflight.store import Store
 
     url = migrated(postgres_url)
     u = make_url(url)
@@ -205,8 +205,8 @@ def test_database_outage_under_the_recorder_loses_nothing(broker, tiny_model, po
 
 
 def test_backlog_of_5000_drains_with_bounded_in_flight(broker, tiny_model, tmp_path):
-    from producers.client import Client
-    from store import Store
+    from inflight.producers.client import Client
+    from inflight.store import Store
 
     url = f"sqlite:///{tmp_path / 'backlog.db'}"
     store = Store(url, create=True)

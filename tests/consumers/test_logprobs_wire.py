@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from consumers import event_bytes
-from consumers.engine_bridge import LOGPROB_FLOOR, LogprobShaper, engine_params
-from engine import Engine, EngineConfig, RequestOutput
-from engine.logprobs import TokenLogprob
-from schemas import FinalEvent, InferenceRequest, SchemaError, decode_result
-from store.rows import final_row
+from inflight.consumers import event_bytes
+from inflight.consumers.engine_bridge import LOGPROB_FLOOR, LogprobShaper, engine_params
+from inflight.engine import Engine, EngineConfig, RequestOutput
+from inflight.engine.logprobs import TokenLogprob
+from inflight.schemas import FinalEvent, InferenceRequest, SchemaError, decode_result
+from inflight.store.rows import final_row
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_wire_params_reach_the_engine_and_are_bounded():
 
 
 def test_final_event_carries_openai_shaped_logprobs(engine):
-    from engine import SamplingParams
+    from inflight.engine import SamplingParams
 
     out = engine.generate(["hello world 🙂 ünïcödé"], SamplingParams(
         max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs=1))[0]
@@ -61,7 +61,7 @@ def test_final_event_carries_openai_shaped_logprobs(engine):
 
 def test_shaper_writes_split_characters_and_infinities_openai_style(engine):
     shaper = LogprobShaper(engine.tokenizer)
-    from engine.tokenizer import _gpt2_unicode_to_byte
+    from inflight.engine.tokenizer import _gpt2_unicode_to_byte
 
     emoji = engine.tokenizer.encode("🙂")
     lead = next(ch for ch, b in _gpt2_unicode_to_byte().items() if b == 0xF0)

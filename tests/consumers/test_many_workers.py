@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import SamplingParams
+from inflight.schemas import SamplingParams
 from tests.consumers.conftest import Service, make_settings, migrated, tiny_engine, wait_rows
 
 pytestmark = [pytest.mark.broker, pytest.mark.postgres]
@@ -34,12 +34,12 @@ class WorkerProcess:
     """`python -m consumers.worker` with the test's settings; its log in its own file."""
 
     def __init__(self, settings, model: Path, log: Path):
-        from inflight.commands import settings_env
+        from inflight.cli.commands import settings_env
 
         self.log = log
         env = {**os.environ, **settings_env(settings), "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(REPO)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "consumers.worker", "--model", str(model)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "inflight.consumers.worker", "--model", str(model)],
                                      env=env, cwd=REPO, stdout=open(log, "ab"),
                                      stderr=subprocess.STDOUT)
         self.name = f"{os.uname().nodename}:{self.proc.pid}"
@@ -78,7 +78,7 @@ def wait_until(cond, timeout: float, what: str, logs=()):
 def spread_ids(n: int, tag: str) -> list[str]:
     """n request ids whose keys land round-robin on the partitions (every worker gets some,
     whatever partitions it owns)."""
-    from producers.client import partition_for
+    from inflight.producers.client import partition_for
 
     pools: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
     k = 0
@@ -107,9 +107,9 @@ def takeover_seconds(survivors: list[WorkerProcess], topic: str, killed_at: floa
 
 
 def test_three_workers_share_one_dies_one_joins(broker, tiny_model, postgres_url, tmp_path):
-    from engine import SamplingParams as EngineParams
-    from producers.client import Client
-    from store import Store
+    from inflight.engine import SamplingParams as EngineParams
+    from inflight.producers.client import Client
+    from inflight.store import Store
 
     url = migrated(postgres_url)
     # NOTE: a longer session than the suite's 2 s: on a loaded 2-core box 2 s heartbeats

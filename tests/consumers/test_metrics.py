@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import urllib.request
 
-from consumers.metrics import Metrics
+from inflight.consumers.metrics import Metrics
 
 
 def test_prometheus_endpoint_and_summary(caplog):

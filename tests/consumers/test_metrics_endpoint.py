@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from schemas import SamplingParams
+from inflight.schemas import SamplingParams
 from tests.consumers.conftest import Service, make_settings, tiny_engine, wait_rows
 
 pytestmark = [pytest.mark.broker]
@@ -55,8 +55,8 @@ def sample(families, family: str, suffix: str = "", **labels) -> float:
 
 
 def test_worker_and_recorder_endpoints_during_a_run(broker, tiny_model, tmp_path):
-    from producers.client import Client
-    from store import Store
+    from inflight.producers.client import Client
+    from inflight.store import Store
 
     url = f"sqlite:///{tmp_path / 'inflight.db'}"
     store = Store(url, create=True)

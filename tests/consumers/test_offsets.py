@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from consumers.offsets import OffsetTracker, PartitionWatermark
+from inflight.consumers.offsets import OffsetTracker, PartitionWatermark
 
 
 def test_watermark_waits_for_the_lowest_pending_offset():

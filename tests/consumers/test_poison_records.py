@@ -11,7 +11,7 @@ import uuid
 import orjson
 import pytest
 
-from schemas import InferenceRequest, SamplingParams, encode
+from inflight.schemas import InferenceRequest, SamplingParams, encode
 from tests.consumers.conftest import Service, make_settings, read_topic, tiny_engine, wait_rows
 from tests.raw_kafka import produce_raw
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.broker]
 
 
 def test_records_with_bad_header_keys_complete_or_fail_cleanly(broker, tiny_model, tmp_path):
-    from store import Store
+    from inflight.store import Store
 
     url = f"sqlite:///{tmp_path / 'inflight.db'}"
     settings = make_settings(broker, url, partitions=1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import SamplingParams
+from inflight.schemas import SamplingParams
 from tests.consumers.conftest import Service, make_settings, tiny_engine, wait_rows
 from tests.quant_models import quantized
 
@@ -14,9 +14,9 @@ pytestmark = [pytest.mark.broker]
 
 
 def test_quantized_model_serves_end_to_end_with_logprobs(broker, tiny_model, tmp_path):
-    from engine import SamplingParams as EngineParams
-    from producers.client import Client
-    from store import Store
+    from inflight.engine import SamplingParams as EngineParams
+    from inflight.producers.client import Client
+    from inflight.store import Store
 
     model = quantized(tiny_model, tmp_path / "w4", "w4", 32)
     url = f"sqlite:///{tmp_path / 'inflight.db'}"

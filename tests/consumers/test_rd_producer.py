@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.broker]
 
 
 def test_tracked_and_untracked_sends_report_as_kafka_python_does(broker, tmp_path):
-    from consumers.rd_producer import RdProducer
+    from inflight.consumers.rd_producer import RdProducer
 
     settings = make_settings(broker, f"sqlite:///{tmp_path / 'x.db'}", partitions=1,
                              kafka_max_message_bytes=10_000)

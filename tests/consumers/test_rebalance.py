@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import pytest
 
-from schemas import SamplingParams, decode_result
+from inflight.schemas import SamplingParams, decode_result
 from tests.consumers.conftest import Service, make_settings, read_topic, tiny_engine, wait_rows
 
 pytestmark = [pytest.mark.broker]
@@ -41,9 +41,9 @@ def _first_finals(settings, ids) -> dict:
 
 def test_a_worker_joining_mid_run_loses_nothing_and_finishes_nothing_twice(broker, tiny_model,
                                                                             tmp_path):
-    from engine import SamplingParams as EngineParams
-    from producers.client import Client
-    from store import Store
+    from inflight.engine import SamplingParams as EngineParams
+    from inflight.producers.client import Client
+    from inflight.store import Store
 
     url = f"sqlite:///{tmp_path / 'inflight.db'}"
     store = Store(url, create=True)
@@ -90,8 +90,8 @@ def test_a_worker_joining_mid_run_loses_nothing_and_finishes_nothing_twice(broke
 
 
 def test_a_worker_joining_during_a_drain_gets_partitions_at_once(broker, tiny_model, tmp_path):
-    from producers.client import Client
-    from store import Store
+    from inflight.producers.client import Client
+    from inflight.store import Store
 
     url = f"sqlite:///{tmp_path / 'inflight.db'}"
     store = Store(url, create=True)

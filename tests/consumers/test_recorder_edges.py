@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import text
 
-from schemas import FinalEvent, InferenceRequest, Timings, Usage, encode
+from inflight.schemas import FinalEvent, InferenceRequest, Timings, Usage, encode
 from tests.consumers.conftest import Service, make_settings, migrated, wait_rows
 from tests.raw_kafka import produce_raw
 
@@ -75,8 +75,8 @@ def _publish(client, topic: str, items: list[tuple[str, bytes]]) -> None:
 
 @pytest.fixture
 def recorder(broker, db_url):
-    from producers.client import Client
-    from store import Store
+    from inflight.producers.client import Client
+    from inflight.store import Store
 
     url = migrated(db_url)
     settings = make_settings(broker, url, partitions=1)  # one partition: one batch, in order

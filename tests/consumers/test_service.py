@@ -10,7 +10,7 @@ import uuid
 import orjson
 import pytest
 
-from schemas import ErrorEvent, FinalEvent, SamplingParams, StatusEvent, TokenEvent
+from inflight.schemas import ErrorEvent, FinalEvent, SamplingParams, StatusEvent, TokenEvent
 from tests.consumers.conftest import (Service, make_settings, migrated, read_topic,
                                       results_by_request, tiny_engine, tokens_by_request,
                                       wait_rows)
@@ -23,8 +23,8 @@ MAX_BYTES = 20_000  # small message limit so the oversize case is cheap
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def service(request, broker, tiny_model, tmp_path_factory):
-    from producers.client import Client
-    from store import Store
+    from inflight.producers.client import Client
+    from inflight.store import Store
 
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('svc') / 'inflight.db'}"
@@ -55,7 +55,7 @@ def _params(i: int) -> SamplingParams:
 
 
 def test_twenty_prompts_match_engine_generate(service, tiny_model):
-    from engine import SamplingParams as EP
+    from inflight.engine import SamplingParams as EP
 
     prompts = _prompts(20)
     ids = [service.client.submit(p, _params(i)) for i, p in enumerate(prompts)]
@@ -218,7 +218,7 @@ def test_poison_pills_end_as_error_rows_and_dlq_copies(service):
     """Produced straight onto the requests topic, as a non-Python producer may: each ends
     as an error row under its id (the Kafka key where the body cannot be parsed) plus a
     DLQ copy the worker could send, and the neighbours complete."""
-    from schemas.kafka_clients import producer
+    from inflight.schemas.kafka_clients import producer
     from tests.raw_kafka import produce_raw
 
     s, client = service.settings, service.client

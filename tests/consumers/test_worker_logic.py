@@ -14,8 +14,8 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaTimeoutError
 
-from engine import RequestOutput
-from schemas import PRIORITY_BATCH, SamplingParams, decode_result
+from inflight.engine import RequestOutput
+from inflight.schemas import PRIORITY_BATCH, SamplingParams, decode_result
 from tests.consumers.conftest import make_settings, read_topic
 
 pytestmark = [pytest.mark.broker]
@@ -86,7 +86,7 @@ def _committed(settings, tp):
 
 
 def _open(settings, engine, **kw):
-    from consumers.worker import Worker
+    from inflight.consumers.worker import Worker
 
     return Worker(settings, engine, **kw).open()
 
@@ -99,7 +99,7 @@ def _stop(worker):
 
 @pytest.fixture
 def fake_worker(broker, tmp_path):
-    from producers.client import Client
+    from inflight.producers.client import Client
 
     settings = make_settings(broker, f"sqlite:///{tmp_path / 'x.db'}", partitions=1,
                              worker_drain_timeout_s=2.0)
@@ -263,7 +263,7 @@ def test_send_timeouts_of_deltas_and_finals_never_stall_the_worker(broker, tmp_p
     """KafkaTimeoutError from send(): a token delta is dropped and counted (the final
     carries the whole text); a final is sent again after a backoff, and its offset is
     committed only once it is acknowledged."""
-    from producers.client import Client
+    from inflight.producers.client import Client
 
     settings = make_settings(broker, f"sqlite:///{tmp_path / 'x.db'}", partitions=1,
                              stream_interval_ms=0)
@@ -295,8 +295,8 @@ def test_a_final_too_large_for_kafka_becomes_a_small_error_final(broker, tmp_pat
     """Over our own limit (known before sending) and refused by the producer (its
     max_request_size; a broker limit answers the same way, later): either way the request
     ends with a `message_too_large` error final, and the next request still completes."""
-    from consumers.rd_producer import results_producer
-    from producers.client import Client
+    from inflight.consumers.rd_producer import results_producer
+    from inflight.producers.client import Client
 
     settings = make_settings(broker, f"sqlite:///{tmp_path / 'x.db'}", partitions=1,
                              kafka_max_message_bytes=60_000)

@@ -15,8 +15,8 @@ import importlib.resources
 import jsonschema
 import orjson
 
-from inflight.cli import build_parser
-from schemas import Settings
+from inflight.cli.main import build_parser
+from inflight.schemas import Settings
 from tests.deploy.files import COMPOSE, INFLIGHT_NAME, inflight_services, load_compose
 
 

@@ -7,10 +7,10 @@ import re
 import orjson
 import yaml
 
-from consumers.engine_metrics import EngineMetrics
-from consumers.lag import LagProbe
-from consumers.metrics import Metrics
-from schemas import Settings
+from inflight.consumers.engine_metrics import EngineMetrics
+from inflight.consumers.lag import LagProbe
+from inflight.consumers.metrics import Metrics
+from inflight.schemas import Settings
 from tests.deploy.files import ROOT
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "inflight.json"
@@ -21,7 +21,7 @@ METRIC = re.compile(r"\b((?:vllm:|inflight_)[a-zA-Z0-9_:]+)")
 
 def exported_names() -> set[str]:
     """Sample names the worker and the recorder expose (built as they build them)."""
-    from consumers.recorder import Recorder
+    from inflight.consumers.recorder import Recorder
 
     worker = Metrics("worker")
     EngineMetrics(worker.registry, "m")

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from schemas import Settings
+from inflight.schemas import Settings
 from tests.deploy.files import DOCKERFILE, INFLIGHT_NAME, ROOT, dockerfile_instructions
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.attention import paged_attention_ref, paged_attention_torch
+from inflight.kernels.attention import paged_attention_ref, paged_attention_torch
 
 
 def case(q_lens, ctx_lens, dtype, Hq=6, Hkv=2, D=16, bs=4, nb=128, seed=0):

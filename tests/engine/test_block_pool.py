@@ -8,10 +8,10 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.block_pool import BlockPool, hash_block
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from inflight.engine.block_pool import BlockPool, hash_block
+from inflight.engine.kv_cache_manager import KVCacheManager
+from inflight.engine.request import Request
+from inflight.engine.sampling_params import SamplingParams
 
 
 def test_hash_chains_over_parent_tokens_and_extra_keys():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams
+from inflight.engine import Engine, EngineConfig, SamplingParams
 from tests.tiny_llama import tiny_prompts, write_tiny_llama
 
 N = 20

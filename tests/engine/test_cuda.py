@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams
+from inflight.engine import Engine, EngineConfig, SamplingParams
 from tests.engine.test_decode_paths import N, drive
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -87,7 +87,7 @@ def test_seeded_sampling_on_device_reproducible(tiny_model_path, prompts):
 
 
 def test_kv_cache_sized_from_free_memory(tiny_model_path, caplog):
-    with caplog.at_level(logging.INFO, logger="engine.engine"):
+    with caplog.at_level(logging.INFO, logger="inflight.engine.engine"):
         eng = Engine(EngineConfig(model=tiny_model_path, device="cuda", kv_cache_memory_fraction=0.02,
                                   max_num_seqs=4, cuda_graphs=False))
     free, _ = torch.cuda.mem_get_info()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import Engine, EngineConfig, SamplingParams
+from inflight.engine import Engine, EngineConfig, SamplingParams
 
 N = 12
 MODES = {
@@ -135,7 +135,7 @@ def test_overlapped_step_returns_previous_steps_outputs(tiny_model_path, prompts
 
 
 def test_padded_sizes_and_padding_rows(tiny_model_path, prompts):
-    from engine.cuda_graphs import graph_sizes
+    from inflight.engine.cuda_graphs import graph_sizes
 
     assert graph_sizes(64) == [1, 2, 4, 8] + list(range(16, 64, 8)) + [64]
     assert graph_sizes(6) == [1, 2, 4, 6] and graph_sizes(1) == [1]

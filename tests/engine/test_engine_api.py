@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
+from inflight.schemas import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
 
-from engine import DuplicateRequestError, Engine, EngineConfig, RequestOutput, SamplingParams
+from inflight.engine import DuplicateRequestError, Engine, EngineConfig, RequestOutput, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -109,7 +109,7 @@ def test_stats_keys(eng, prompts):
 
 
 def test_sampling_params_validation():
-    from engine import SamplingParamsError
+    from inflight.engine import SamplingParamsError
 
     for bad in (dict(max_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_k=-2),
                 dict(stop=[""]), dict(seed=-1)):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.input_batch import POISON, InputBatch
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from inflight.engine.input_batch import POISON, InputBatch
+from inflight.engine.request import Request
+from inflight.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0)
 

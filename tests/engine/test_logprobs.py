@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams, SamplingParamsError
-from engine.logprobs import MAX_LOGPROBS
+from inflight.engine import Engine, EngineConfig, SamplingParams, SamplingParamsError
+from inflight.engine.logprobs import MAX_LOGPROBS
 
 TOL = 1e-4
 
@@ -128,7 +128,7 @@ def test_score_gives_the_perplexity_of_transformers(tiny_model_path, prompts, hf
 
 
 def test_score_refuses_what_it_cannot_score(tiny_model_path):
-    from engine.engine import ScoreError
+    from inflight.engine.engine import ScoreError
 
     eng = Engine(EngineConfig(model=tiny_model_path, num_kv_blocks=64, max_model_len=32))
     with pytest.raises(ScoreError, match="cannot score"):

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from engine.model_folder import ensure_default_model, is_hf_folder, resolve_model
-from schemas.errors import ModelError
-from schemas.settings import Settings
+from inflight.engine.model_folder import ensure_default_model, is_hf_folder, resolve_model
+from inflight.schemas.errors import ModelError
+from inflight.schemas.settings import Settings
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from engine import Engine, EngineConfig, SamplingParams
+from inflight.engine import Engine, EngineConfig, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams
-from engine.detokenizer import IncrementalDetokenizer
-from engine.sampler import SamplingBatch, sample
-from engine.tokenizer import Tokenizer
+from inflight.engine import Engine, EngineConfig, SamplingParams
+from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.engine.sampler import SamplingBatch, sample
+from inflight.engine.tokenizer import Tokenizer
 
 
 def batch(S, temperature=1.0, top_k=None, top_p=None, gens=None):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from inflight.engine.kv_cache_manager import KVCacheManager
+from inflight.engine.request import Request, RequestStatus
+from inflight.engine.sampling_params import SamplingParams
+from inflight.engine.scheduler import Scheduler
 
 
 def make(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, max_preemptions=8, caching=True):

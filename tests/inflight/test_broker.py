@@ -7,9 +7,9 @@ import time
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from inflight.broker import EmbeddedBroker
-from inflight.topics import create_topics
-from schemas.errors import BrokerError
+from inflight.cli.broker import EmbeddedBroker
+from inflight.cli.topics import create_topics
+from inflight.schemas.errors import BrokerError
 
 
 def test_round_trip_through_kafka_python(kafka_settings):
@@ -59,7 +59,7 @@ def test_cli_broker_prints_bootstrap_and_stops_on_sigint(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "inflight.cli", "broker", "--json", "--partitions", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "inflight", "broker", "--json", "--partitions", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "INFLIGHT_CACHE_DIR": str(tmp_path)})
     try:

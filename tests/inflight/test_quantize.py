@@ -17,7 +17,7 @@ def tiny(tmp_path_factory):
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
-    from inflight.cli import main
+    from inflight.cli.main import main
 
     rc = main([str(a) for a in argv])
     cap = capsys.readouterr()
@@ -25,7 +25,7 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 
 
 def test_quantize_writes_a_folder_the_engine_loads(tiny, tmp_path, capsys):
-    from engine import Engine, EngineConfig, SamplingParams
+    from inflight.engine import Engine, EngineConfig, SamplingParams
 
     calib = tmp_path / "calib.txt"
     calib.write_text("\n".join(SENTENCES * 20))

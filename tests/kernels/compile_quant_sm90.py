@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from kernels import triton_quant_matmul as qm
+from inflight.kernels import triton_quant_matmul as qm
 from tests.kernels.compile_sm90 import compile_sm90
 
 

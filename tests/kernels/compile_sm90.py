@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import triton_activation, triton_attention, triton_kv_write, triton_rmsnorm, triton_rotary
+from inflight.kernels import triton_activation, triton_attention, triton_kv_write, triton_rmsnorm, triton_rotary
 
 H100_SHARED_BYTES = 227 * 1024
 

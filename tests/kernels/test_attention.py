@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from kernels.attention import paged_attention_ref, paged_attention_torch
-from kernels.triton_attention import _choose_num_splits, paged_attention_triton
+from inflight.kernels.attention import paged_attention_ref, paged_attention_torch
+from inflight.kernels.triton_attention import _choose_num_splits, paged_attention_triton
 from tests.kernels.batches import make_batch
 
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=4e-3, rtol=4e-3)}
@@ -107,7 +107,7 @@ def test_split_choice():
 def test_gpu_tile_config(monkeypatch):
     # The configs the wrapper picks on CUDA (64-row tiles for a prefill-heavy batch, 32/64
     # key tiles), run here under the interpreter.
-    import kernels.triton_attention as ta
+    import inflight.kernels.triton_attention as ta
 
     monkeypatch.setattr(ta, "is_cuda", lambda t: True)
     assert ta._tile_config(T=40, B=3, group=4, head_dim=64, gpu=True) == (64, 64)

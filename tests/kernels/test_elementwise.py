@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from kernels.activation import silu_and_mul_ref
-from kernels.kv_write import write_kv_ref
-from kernels.rmsnorm import rms_norm_ref
-from kernels.rotary import rope_cos_sin, rotary_ref
-from kernels.triton_activation import silu_and_mul_triton
-from kernels.triton_kv_write import write_kv_triton
-from kernels.triton_rmsnorm import rms_norm_triton
-from kernels.triton_rotary import rotary_triton
+from inflight.kernels.activation import silu_and_mul_ref
+from inflight.kernels.kv_write import write_kv_ref
+from inflight.kernels.rmsnorm import rms_norm_ref
+from inflight.kernels.rotary import rope_cos_sin, rotary_ref
+from inflight.kernels.triton_activation import silu_and_mul_triton
+from inflight.kernels.triton_kv_write import write_kv_triton
+from inflight.kernels.triton_rmsnorm import rms_norm_triton
+from inflight.kernels.triton_rotary import rotary_triton
 
 DTYPES = [torch.float32, torch.float16]
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=1e-3, rtol=1e-3)}
@@ -79,7 +79,7 @@ def test_silu_and_mul(dtype):
 
 
 def test_triton_ops_set():
-    from kernels.ops import get_ops
+    from inflight.kernels.ops import get_ops
 
     ops = get_ops("triton")
     assert ops.name == "triton" and ops.paged_attention.__name__ == "paged_attention_triton"

@@ -12,7 +12,7 @@ import torch
 
 from tests.tiny_llama import write_tiny_llama
 
-engine = pytest.importorskip("engine")
+engine = pytest.importorskip("inflight.engine")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -4,9 +4,9 @@ linear layers on every path they take, against the dequantizing references."""
 import pytest
 import torch
 
-from engine.quant.linear import W4Linear, W8Linear
-from kernels.quant import num_groups, pack_int4, w4a16_matmul_ref, w8a16_matmul_ref
-from kernels.quant_cpu import (INT4_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS, Int4PackedCPU, aligned,
+from inflight.engine.quant.linear import W4Linear, W8Linear
+from inflight.kernels.quant import num_groups, pack_int4, w4a16_matmul_ref, w8a16_matmul_ref
+from inflight.kernels.quant_cpu import (INT4_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS, Int4PackedCPU, aligned,
                                w8a16_matmul_cpu)
 
 TOL = {torch.bfloat16: dict(atol=3e-2, rtol=2e-2), torch.float16: dict(atol=5e-3, rtol=5e-3),

@@ -5,7 +5,7 @@ layer level (test_quant_matmul.py)."""
 
 import pytest
 
-from engine import Engine, EngineConfig, SamplingParams
+from inflight.engine import Engine, EngineConfig, SamplingParams
 from tests.quant_models import quantized
 from tests.tiny_llama import write_tiny_llama
 

@@ -4,9 +4,9 @@
 import pytest
 import torch
 
-from kernels.quant import (dequantize_w4, dequantize_w4_grouped, dequantize_w8, num_groups, pack_int4,
+from inflight.kernels.quant import (dequantize_w4, dequantize_w4_grouped, dequantize_w8, num_groups, pack_int4,
                            unpack_int4, w4a16_matmul_ref, w8a16_matmul_ref)
-from kernels.triton_quant_matmul import w4a16_matmul_triton, w8a16_matmul_triton
+from inflight.kernels.triton_quant_matmul import w4a16_matmul_triton, w8a16_matmul_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16]
@@ -126,7 +126,7 @@ def test_wrappers_take_3d_input_and_empty_batches():
 def test_engine_linear_layers_take_the_triton_kernels(scheme):
     """The engine's quantized layers with the triton backend (what CUDA runs) compute the
     reference: fused projections of 48 + 16 rows, 5 tokens."""
-    from engine.quant.linear import W4Linear, W8Linear
+    from inflight.engine.quant.linear import W4Linear, W8Linear
 
     x = activations(5, 128, torch.float32, seed=11)
     if scheme == "w8":

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from sqlalchemy import select
 
-from store import FileRow, Store
+from inflight.store import FileRow, Store
 from tests.consumers.conftest import Service, finals_of, make_settings, migrated, tiny_engine
 from tests.kafka_read import read_topic
 from tests.tiny_llama import SENTENCES
@@ -64,11 +64,11 @@ class JobsProcess:
     """A real `inflight jobs` process (Celery worker; its own beat unless --no-beat)."""
 
     def __init__(self, settings, log: Path, *extra: str):
-        from inflight.commands import settings_env
+        from inflight.cli.commands import settings_env
 
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "inflight.cli", "jobs", "--concurrency", "2", *extra],
+            [sys.executable, "-m", "inflight", "jobs", "--concurrency", "2", *extra],
             env={**os.environ, **settings_env(settings)}, stdout=subprocess.DEVNULL,
             stderr=log.open("wb"))
 
@@ -93,7 +93,7 @@ class Env:
     """Worker + recorder (threads, tiny model) and two `inflight jobs` processes."""
 
     def __init__(self, settings, store, model, logs: Path):
-        from producers.client import Client
+        from inflight.producers.client import Client
 
         self.settings, self.store, self.logs = settings, store, logs
         # the jobs processes start (imports: seconds) while the worker joins its group
@@ -154,7 +154,7 @@ def _line(cid: str, content: str, **body) -> dict:
 
 def _reference(model, items):
     """Direct engine runs (a fresh engine): {custom_id: RequestOutput}."""
-    from engine import SamplingParams as EP
+    from inflight.engine import SamplingParams as EP
 
     eng = tiny_engine(model)
     for cid, content, params in items:
@@ -218,8 +218,8 @@ def test_anthropic_batch_results_in_its_format(env, tmp_path):
 
 
 def test_cli_status_list_results_and_cancel(env, tmp_path, capsys, monkeypatch):
-    from inflight.cli import main
-    from inflight.commands import settings_env
+    from inflight.cli.main import main
+    from inflight.cli.commands import settings_env
 
     for k, v in settings_env(env.settings).items():
         monkeypatch.setenv(k, v)
@@ -246,8 +246,8 @@ def test_cli_status_list_results_and_cancel(env, tmp_path, capsys, monkeypatch):
 
 def test_bad_lines_fail_with_line_numbers_and_nothing_is_enqueued(env, tmp_path, capsys,
                                                                   monkeypatch):
-    from inflight.cli import main
-    from inflight.commands import settings_env
+    from inflight.cli.main import main
+    from inflight.cli.commands import settings_env
 
     for k, v in settings_env(env.settings).items():
         monkeypatch.setenv(k, v)
@@ -337,7 +337,7 @@ def test_enqueue_killed_midway_is_retried_without_running_a_request_twice(env, t
     admitted = env.service.worker.metrics["admitted"]
     try:
         doomed.wait_ready()
-        from producers.client import Client
+        from inflight.producers.client import Client
 
         with Client(own, store=env.store) as sender:
             b = sender.create_batch(_file(tmp_path, [_line(f"k{i}", "one two", max_tokens=1)

@@ -14,10 +14,10 @@ import orjson
 import pytest
 from sqlalchemy import select, update
 
-from producers import batch_jobs as jobs
-from producers.batch_lines import request_id_for
-from schemas import BrokerError, Settings, StateError, decode_request
-from store import BatchRow, FileRow, Store
+from inflight.producers import batch_jobs as jobs
+from inflight.producers.batch_lines import request_id_for
+from inflight.schemas import BrokerError, Settings, StateError, decode_request
+from inflight.store import BatchRow, FileRow, Store
 
 CHAT = "/v1/chat/completions"
 

@@ -8,9 +8,9 @@ import json
 import orjson
 import pytest
 
-from producers.batch_lines import LineChecker, context_length, request_id_for
-from producers.batch_output import anthropic_line, openai_line
-from schemas import SchemaError, Settings
+from inflight.producers.batch_lines import LineChecker, context_length, request_id_for
+from inflight.producers.batch_output import anthropic_line, openai_line
+from inflight.schemas import SchemaError, Settings
 
 CHAT, COMPL, MSGS = "/v1/chat/completions", "/v1/completions", "/v1/messages"
 

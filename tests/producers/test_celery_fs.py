@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from kombu import Connection
 
-from producers.celery_app import broker_options, celery_app
-from producers.celery_fs import TRANSPORT
-from schemas import Settings
+from inflight.producers.celery_app import broker_options, celery_app
+from inflight.producers.celery_fs import TRANSPORT
+from inflight.schemas import Settings
 
 
 def test_unfinished_message_files_are_skipped_and_messages_round_trip(tmp_path):

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.broker]
 
 @pytest.fixture
 def cli_env(kafka_settings, monkeypatch):
-    from inflight.commands import settings_env
+    from inflight.cli.commands import settings_env
 
     for key, value in settings_env(kafka_settings).items():
         monkeypatch.setenv(key, value)
@@ -26,7 +26,7 @@ def cli_env(kafka_settings, monkeypatch):
 
 
 def _run(capsys, *argv) -> tuple[int, str]:
-    from inflight.cli import main
+    from inflight.cli.main import main
 
     rc = main(list(argv))
     return rc, capsys.readouterr().out
@@ -74,15 +74,15 @@ def test_submit_prompt_and_openai_batch_file(cli_env, capsys, tmp_path):
 
 
 def test_demo_runs_the_whole_path():
-    from inflight.model import default_model_dir, is_hf_folder
-    from schemas import Settings
+    from inflight.cli.model import default_model_dir, is_hf_folder
+    from inflight.schemas import Settings
 
     if not is_hf_folder(default_model_dir(Settings())):
         pytest.skip("the bundled SmolLM2 model is not converted on this machine")
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(repo)}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "inflight.cli", "demo", "--max-tokens", "8",
+    proc = subprocess.run([sys.executable, "-m", "inflight", "demo", "--max-tokens", "8",
                            "--json"], env=env, cwd=repo, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = orjson.loads(proc.stdout.strip().splitlines()[-1])

@@ -9,14 +9,14 @@ import pytest
 
 from tests.kafka_read import read_topic
 
-from schemas import PRIORITY_BATCH, SamplingParams, SchemaError
+from inflight.schemas import PRIORITY_BATCH, SamplingParams, SchemaError
 
 pytestmark = [pytest.mark.broker]
 
 
 @pytest.fixture
 def client(kafka_settings):
-    from producers.client import Client
+    from inflight.producers.client import Client
 
     c = Client(kafka_settings)
     yield c
@@ -26,7 +26,7 @@ def client(kafka_settings):
 
 
 def test_unknown_id_is_not_found_never_a_trace(client):
-    from producers.client import RequestNotFound
+    from inflight.producers.client import RequestNotFound
 
     res = client.result("never-submitted")
     assert res.status == "not_found" and not res.found
@@ -38,7 +38,7 @@ def test_unknown_id_is_not_found_never_a_trace(client):
 
 
 def test_key_partition_matches_the_producers_partitioner(client, kafka_settings):
-    from producers.client import partition_for
+    from inflight.producers.client import partition_for
 
     ids = [client.submit("hi", request_id=f"key-{i}", flush=False) for i in range(20)]
     client.flush()

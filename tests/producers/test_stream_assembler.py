@@ -3,8 +3,8 @@ starts the text over (never mixed), the final fills in whatever the deltas did n
 
 from __future__ import annotations
 
-from producers.stream import StreamAssembler
-from schemas import ErrorEvent, FinalEvent, StatusEvent, TokenEvent
+from inflight.producers.stream import StreamAssembler
+from inflight.schemas import ErrorEvent, FinalEvent, StatusEvent, TokenEvent
 
 RID = "r-1"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from schemas import PRIORITY_BATCH, InferenceRequest, SchemaError, encode, parse_batch_line
+from inflight.schemas import PRIORITY_BATCH, InferenceRequest, SchemaError, encode, parse_batch_line
 
 
 def openai(url="/v1/completions", custom_id="line-1", **body):

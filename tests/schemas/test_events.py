@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from schemas import (ErrorEvent, FinalEvent, SchemaError, StatusEvent, Timings, TokenEvent, Usage,
+from inflight.schemas import (ErrorEvent, FinalEvent, SchemaError, StatusEvent, Timings, TokenEvent, Usage,
                      decode_result, encode)
 
 

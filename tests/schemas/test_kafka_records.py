@@ -9,7 +9,7 @@ import logging
 import pytest
 from kafka.record.memory_records import MemoryRecords
 
-from schemas import kafka_records
+from inflight.schemas import kafka_records
 from tests.raw_kafka import (produce_raw, record_batch, with_bad_crc, with_bad_framing,
                              with_record_count)
 

@@ -7,7 +7,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import (ChatMessage, ErrorEvent, FinalEvent, InferenceRequest, SamplingParams,
+from inflight.schemas import (ChatMessage, ErrorEvent, FinalEvent, InferenceRequest, SamplingParams,
                      SchemaError, Timings, TokenEvent, Usage, decode_request, decode_result,
                      encode, parse_batch_line)
 

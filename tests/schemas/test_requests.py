@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from schemas import (PRIORITY_INTERACTIVE, InferenceRequest, SamplingParams, SchemaError,
+from inflight.schemas import (PRIORITY_INTERACTIVE, InferenceRequest, SamplingParams, SchemaError,
                      decode_request, encode)
 
 
@@ -136,7 +136,7 @@ def test_models_are_frozen_and_strict_in_python_too():
 
 
 def test_schema_errors_carry_the_error_event_code():
-    from schemas import ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG
+    from inflight.schemas import ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG
 
     def code(raw: bytes, **kw) -> str:
         with pytest.raises(SchemaError) as e:

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import text
 
-from store import Store
+from inflight.store import Store
 from tests.pgdb import temporary_database
 
 

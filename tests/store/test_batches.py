@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from schemas import NotFoundError, StoreError
-from store import BATCH_PREDECESSORS, BATCH_STATUSES, Store
+from inflight.schemas import NotFoundError, StoreError
+from inflight.store import BATCH_PREDECESSORS, BATCH_STATUSES, Store
 
 
 def new(store: Store, bid: str | None = None, **kw) -> str:

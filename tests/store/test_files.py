@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from schemas import NotFoundError
-from store import CHUNK_BYTES, Store
+from inflight.schemas import NotFoundError
+from inflight.store import CHUNK_BYTES, Store
 
 
 def test_round_trip_across_chunk_boundaries(store: Store):

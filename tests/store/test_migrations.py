@@ -8,9 +8,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from store import Store, upgrade
-from store.migrate import current_revision, downgrade, head_revision
-from store.models import Base
+from inflight.store import Store, upgrade
+from inflight.store.migrate import current_revision, downgrade, head_revision
+from inflight.store.models import Base
 
 
 def _tables(url: str) -> dict[str, set[str]]:

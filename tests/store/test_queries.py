@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import ErrorEvent, FinalEvent, InferenceRequest, StoreError, Timings, Usage
-from store import STATUS_RANK, STATUSES, Store, error_row, final_row, queued_row, running_row
+from inflight.schemas import ErrorEvent, FinalEvent, InferenceRequest, StoreError, Timings, Usage
+from inflight.store import STATUS_RANK, STATUSES, Store, error_row, final_row, queued_row, running_row
 
 
 def final(rid: str, text: str, **kw):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams
-from engine.model import AttentionMetadata
-from engine.quant.linear import DenseLinear, W4Linear, W8Linear
+from inflight.engine import Engine, EngineConfig, SamplingParams
+from inflight.engine.model import AttentionMetadata
+from inflight.engine.quant.linear import DenseLinear, W4Linear, W8Linear
 from tests.quant_models import dequantized_reference, quantized
 
 SCHEMES = {"w8": ("w8", None, "rtn"), "w4-g32": ("w4", 32, "rtn"), "w4-g64-gptq": ("w4", 64, "gptq")}

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from engine.quant.calibration import (CALIBRATION_MODULES, EVALUATION_MODULES, _collect,
+from inflight.engine.quant.calibration import (CALIBRATION_MODULES, EVALUATION_MODULES, _collect,
                                       calibration_text, evaluation_text, token_windows)
-from engine.quant.config import QuantConfig
-from engine.quant.gptq import HessianAccumulator, gptq_quantize
-from engine.quant.rtn import quantize_w4, quantize_w8
-from kernels.quant import dequantize_w4, dequantize_w8, unpack_int4
-from schemas.errors import ConfigError
+from inflight.engine.quant.config import QuantConfig
+from inflight.engine.quant.gptq import HessianAccumulator, gptq_quantize
+from inflight.engine.quant.rtn import quantize_w4, quantize_w8
+from inflight.kernels.quant import dequantize_w4, dequantize_w8, unpack_int4
+from inflight.schemas.errors import ConfigError
 
 
 def gen(seed):

@@ -14,8 +14,8 @@ import time
 
 import orjson
 
-from schemas.errors import InflightError
-from schemas.settings import Settings
+from inflight.schemas.errors import InflightError
+from inflight.schemas.settings import Settings
 
 
 def _print(args, human: str, data: dict) -> None:
@@ -27,8 +27,8 @@ def _print(args, human: str, data: dict) -> None:
 
 
 def cmd_broker(args, settings: Settings) -> int:
-    from inflight.broker import EmbeddedBroker
-    from inflight.topics import create_topics
+    from inflight.cli.broker import EmbeddedBroker
+    from inflight.cli.topics import create_topics
 
     broker = EmbeddedBroker(port=args.port, log_path=args.log)
     broker.start()
@@ -55,7 +55,7 @@ def cmd_broker(args, settings: Settings) -> int:
 
 
 def cmd_topics(args, settings: Settings) -> int:
-    from inflight.topics import create_topics
+    from inflight.cli.topics import create_topics
 
     status = create_topics(settings, partitions=args.partitions)
     _print(args, "\n".join(f"{t}: {s}" for t, s in status.items()), status)
@@ -63,11 +63,11 @@ def cmd_topics(args, settings: Settings) -> int:
 
 
 def cmd_db(args, settings: Settings) -> int:
-    from store.migrate import upgrade
+    from inflight.store.migrate import upgrade
 
     url = args.url or settings.database_url
     upgrade(url)
-    from store.urls import redact
+    from inflight.store.urls import redact
 
     _print(args, f"database at {redact(url)} is at the latest schema",
            {"database_url": redact(url), "status": "upgraded"})
@@ -75,7 +75,7 @@ def cmd_db(args, settings: Settings) -> int:
 
 
 def cmd_model(args, settings: Settings) -> int:
-    from inflight.model import resolve_model
+    from inflight.cli.model import resolve_model
 
     t0 = time.monotonic()
     path = resolve_model(args.model, settings)
@@ -84,9 +84,9 @@ def cmd_model(args, settings: Settings) -> int:
 
 
 def cmd_quantize(args, settings: Settings) -> int:
-    from engine.quant.config import QuantConfig
-    from engine.quant.quantize import quantize_model
-    from inflight.model import resolve_model
+    from inflight.engine.quant.config import QuantConfig
+    from inflight.engine.quant.quantize import quantize_model
+    from inflight.cli.model import resolve_model
 
     t0 = time.monotonic()
     quant = QuantConfig(args.scheme, args.group_size, args.method)
@@ -151,13 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     qz.add_argument("--json", action="store_true")
     qz.set_defaults(func=cmd_quantize)
 
-    from inflight import commands  # service subcommands: submit, result, stream, worker, recorder, demo
+    from inflight.cli import commands  # service subcommands: submit, result, stream, worker, recorder, demo
 
     commands.register(sub)
-    from inflight import batch_commands  # batch create|status|list|cancel|results, jobs
+    from inflight.cli import batch_commands  # batch create|status|list|cancel|results, jobs
 
     batch_commands.register(sub)
-    from inflight import api_commands  # api, keys
+    from inflight.cli import api_commands  # api, keys
 
     api_commands.register(sub)
     return p

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from inflight import cli_io
-from schemas import Settings
+from inflight.cli import cli_io
+from inflight.schemas import Settings
 
 
 def _key_dict(info: Any) -> dict[str, Any]:
@@ -16,7 +16,7 @@ def _key_dict(info: Any) -> dict[str, Any]:
 
 
 def cmd_api(args: Any, settings: Settings) -> int:
-    from api.server import serve
+    from inflight.api.server import serve
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
     serve(settings, args.host, args.port, workers=args.workers, access_log=args.access_log)
@@ -24,7 +24,7 @@ def cmd_api(args: Any, settings: Settings) -> int:
 
 
 def cmd_keys_create(args: Any, settings: Settings) -> int:
-    from api.keys import create_key
+    from inflight.api.keys import create_key
 
     with cli_io.store(settings) as store:
         new = create_key(store, args.name, owner=args.owner)
@@ -35,7 +35,7 @@ def cmd_keys_create(args: Any, settings: Settings) -> int:
 
 
 def cmd_keys_list(args: Any, settings: Settings) -> int:
-    from api.keys import all_keys
+    from inflight.api.keys import all_keys
 
     with cli_io.store(settings) as store:
         keys = all_keys(store)
@@ -48,7 +48,7 @@ def cmd_keys_list(args: Any, settings: Settings) -> int:
 
 
 def cmd_keys_revoke(args: Any, settings: Settings) -> int:
-    from api.keys import revoke
+    from inflight.api.keys import revoke
 
     with cli_io.store(settings) as store:
         info = revoke(store, args.id)

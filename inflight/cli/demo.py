@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from schemas import ErrorEvent, SamplingParams, Settings, TokenEvent
+from inflight.schemas import ErrorEvent, SamplingParams, Settings, TokenEvent
 
 DEMO_BATCH = [  # (custom_id, question): an overnight batch in miniature
     ("faq-1", "What is a message queue?"),
@@ -46,12 +46,12 @@ API_HINT = """the same over HTTP (api/; OpenAI-compatible, OpenAPI at /openapi.j
 def run(args: Any, settings: Settings) -> int:
     logging.getLogger("inflight").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    from consumers.recorder import Recorder
-    from consumers.worker import Worker, build_engine
-    from inflight.broker import EmbeddedBroker
-    from inflight.topics import create_topics
-    from producers.batch_tasks import make_worker, worker_app
-    from producers.client import Client
+    from inflight.consumers.recorder import Recorder
+    from inflight.consumers.worker import Worker, build_engine
+    from inflight.cli.broker import EmbeddedBroker
+    from inflight.cli.topics import create_topics
+    from inflight.producers.batch_tasks import make_worker, worker_app
+    from inflight.producers.client import Client
 
     as_json = bool(getattr(args, "json", False))
 

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from inflight import cli_io
-from schemas import Settings
-from schemas.errors import SchemaError
+from inflight.cli import cli_io
+from inflight.schemas import Settings
+from inflight.schemas.errors import SchemaError
 
 HINT_AFTER_S = 15.0  # no validation progress by then: say that `inflight jobs` must run
 
@@ -83,7 +83,7 @@ def _follow(client: Any, batch_id: str, line_count: int, show: bool, timeout: fl
 
 
 def cmd_create(args: Any, settings: Settings) -> int:
-    from producers.batch_jobs import batch_object
+    from inflight.producers.batch_jobs import batch_object
 
     client = cli_io.client(settings)
     try:
@@ -106,7 +106,7 @@ def cmd_create(args: Any, settings: Settings) -> int:
 
 
 def cmd_status(args: Any, settings: Settings) -> int:
-    from producers.batch_jobs import batch_object
+    from inflight.producers.batch_jobs import batch_object
 
     client = cli_io.client(settings)
     try:
@@ -118,7 +118,7 @@ def cmd_status(args: Any, settings: Settings) -> int:
 
 
 def cmd_list(args: Any, settings: Settings) -> int:
-    from producers.batch_jobs import batch_object
+    from inflight.producers.batch_jobs import batch_object
 
     client = cli_io.client(settings)
     try:
@@ -139,7 +139,7 @@ def cmd_list(args: Any, settings: Settings) -> int:
 
 
 def cmd_cancel(args: Any, settings: Settings) -> int:
-    from producers.batch_jobs import batch_object
+    from inflight.producers.batch_jobs import batch_object
 
     client = cli_io.client(settings)
     try:
@@ -181,8 +181,8 @@ def cmd_results(args: Any, settings: Settings) -> int:
 
 
 def cmd_jobs(args: Any, settings: Settings) -> int:
-    from inflight.model import DEFAULT_MODEL_NAME, default_model_dir
-    from producers.batch_tasks import run_worker, worker_app
+    from inflight.cli.model import DEFAULT_MODEL_NAME, default_model_dir
+    from inflight.producers.batch_tasks import run_worker, worker_app
 
     if args.model:
         settings = settings.model_copy(update={"model_path": args.model})

@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from schemas.errors import BrokerError
+from inflight.schemas.errors import BrokerError
 
 log = logging.getLogger("inflight.broker")
 

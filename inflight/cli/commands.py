@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
-from inflight import cli_io
-from schemas import SchemaError, Settings, parse_batch_line
+from inflight.cli import cli_io
+from inflight.schemas import SchemaError, Settings, parse_batch_line
 
 
 def _params(args: Any) -> dict[str, Any]:
@@ -104,7 +104,7 @@ def cmd_result(args: Any, settings: Settings) -> int:
 
 
 def _stream(args: Any, client: Any, rid: str) -> int:
-    from schemas import ErrorEvent, TokenEvent
+    from inflight.schemas import ErrorEvent, TokenEvent
 
     printed = False
     for event in client.stream(rid, timeout=args.timeout):
@@ -125,7 +125,7 @@ def _stream(args: Any, client: Any, rid: str) -> int:
 
 
 def cmd_stream(args: Any, settings: Settings) -> int:
-    from producers.client import RequestNotFound
+    from inflight.producers.client import RequestNotFound
 
     client = cli_io.client(settings)
     try:
@@ -157,7 +157,7 @@ def _overrides(args: Any, settings: Settings) -> Settings:
 
 
 def cmd_worker(args: Any, settings: Settings) -> int:
-    from consumers.worker import Worker, build_engine, settle_heap
+    from inflight.consumers.worker import Worker, build_engine, settle_heap
 
     settings = _overrides(args, settings)
     engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
@@ -170,7 +170,7 @@ def cmd_worker(args: Any, settings: Settings) -> int:
 
 
 def cmd_recorder(args: Any, settings: Settings) -> int:
-    from consumers.recorder import Recorder
+    from inflight.consumers.recorder import Recorder
 
     rec = Recorder(_overrides(args, settings))
     rec.install_signal_handlers()
@@ -189,7 +189,7 @@ def _add_sampling(p: Any) -> None:
 
 
 def register(sub: Any) -> None:
-    from inflight import demo
+    from inflight.cli import demo
 
     s = sub.add_parser("submit", help="publish a prompt, or a JSONL file of requests (ours or OpenAI Batch lines)")
     s.add_argument("prompt", nargs="*", help="the prompt text")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-from schemas.errors import BrokerError
-from schemas.kafka_clients import connect
-from schemas.settings import Settings
+from inflight.schemas.errors import BrokerError
+from inflight.schemas.kafka_clients import connect
+from inflight.schemas.settings import Settings
 
 
 def admin_client(settings: Settings) -> KafkaAdminClient:

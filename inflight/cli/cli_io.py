@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from schemas import Settings
+from inflight.schemas import Settings
 
 
 def out(args: Any, human: str, data: Any) -> None:
@@ -22,14 +22,14 @@ def out(args: Any, human: str, data: Any) -> None:
 
 
 def client(settings: Settings) -> Any:
-    from producers.client import Client
+    from inflight.producers.client import Client
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
     return Client(settings)
 
 
 def store(settings: Settings) -> Any:
-    from store import Store
+    from inflight.store import Store
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
     return Store.embedded(settings.database_url)
