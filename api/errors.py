@@ -97,7 +97,7 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     msg = first.get("msg", "invalid value")
     if first.get("type") == "missing":
         text = f"missing required parameter {param!r}" if param else "missing request body"
-    elif first.get("type") == "extra_forbidden":
+    elif first.get("type") in ("extra_forbidden", "unexpected_keyword_argument"):
         text = f"unknown parameter {param!r}: remove it"
     elif first.get("type") == "json_invalid":
         text = f"the request body is not valid JSON ({(first.get('ctx') or {}).get('error', msg)})"

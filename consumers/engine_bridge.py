@@ -9,17 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from inflight.consumers.gpu_claim import AUTO, claim_gpu
-from inflight.schemas import InferenceRequest, Settings
-
-
-def engine_params(req: InferenceRequest) -> Any:
-    from inflight.engine import SamplingParams as EngineSamplingParams
-
-    p = req.params
-    return EngineSamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
-                                top_k=p.top_k, seed=p.seed, stop=tuple(p.stop),
-                                stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos,
-                                logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs)
+from inflight.schemas import Settings
 
 
 LOGPROB_FLOOR = -9999.0  # OpenAI's stand-in for -inf (JSON has no infinities)
@@ -95,7 +85,7 @@ def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: 
     from inflight.engine import Engine, EngineConfig
     from inflight.engine.model_folder import resolve_model
 
-    path = resolve_model(model, settings)
+    path = resolve_model(model or settings.model_path, settings.cache_dir)
     kw = engine_overrides(settings, max_num_seqs=max_num_seqs, kv_cache_mb=kv_cache_mb,
                           device=device, dtype=dtype)
     claim = None

@@ -31,7 +31,6 @@ from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from inflight.consumers.cancel import CancelListener
-from inflight.consumers.engine_bridge import engine_params
 from inflight.consumers.engine_loop import EngineLoop
 from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.handoff import (ABORTED, ACKED, ADMIT, FINISHED, HAND_BACK, REJECT, Aborted,
@@ -232,11 +231,7 @@ class Intake:
             self._publish((ABORTED, Aborted(ticket, rid, attempt, req.batch_id,
                                                req.submitted_at, now)))
             return
-        try:
-            params = engine_params(req)
-        except InflightError as exc:
-            self._reject(tp, rec, rid, ERR_INVALID_REQUEST, str(exc), "params", req.batch_id)
-            return
+        params = req.params  # the engine's SamplingParams, validated when decoded
         messages = ([m.model_dump(mode="json", exclude_none=True) for m in req.messages]
                     if req.messages is not None else None)
         self._add_job(Job(ticket, rid, attempt, tp, [(tp, rec.offset)], running=True))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inflight.schemas.errors import ConfigError
+from inflight.engine.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}

@@ -43,8 +43,8 @@ from inflight.engine.scheduler import Scheduler
 from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
 from inflight.kernels.ops import get_ops
-from inflight.schemas.errors import ConfigError, InflightError
-from inflight.schemas.events import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
+from inflight.engine.errors import ConfigError, InflightError
+from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
 
 log = logging.getLogger(__name__)
 

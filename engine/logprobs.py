@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_LOGPROBS = 20  # the most alternatives per position a request may ask for (OpenAI: 20)
+from inflight.engine.sampling_params import MAX_LOGPROBS  # noqa: F401 (the limit of SamplingParams.logprobs)
 
 
 @dataclass(frozen=True, slots=True)

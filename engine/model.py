@@ -18,7 +18,7 @@ from inflight.engine.quant.config import QuantConfig, read_quant_config
 from inflight.engine.quant.linear import Linear, load_linear
 from inflight.kernels.ops import KernelOps
 from inflight.kernels.rotary import rope_cos_sin
-from inflight.schemas.errors import ModelError
+from inflight.engine.errors import ModelError
 
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 

@@ -20,8 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inflight.schemas.errors import ModelError
-from inflight.schemas.settings import Settings
+from inflight.engine.errors import ModelError
 
 log = logging.getLogger("inflight.model")
 
@@ -54,8 +53,8 @@ def is_hf_folder(path: Path) -> bool:
             and any(path.glob("*.safetensors")))
 
 
-def default_model_dir(settings: Settings) -> Path:
-    return Path(settings.cache_dir) / "models" / DEFAULT_MODEL_NAME
+def default_model_dir(cache_dir: str | os.PathLike) -> Path:
+    return Path(cache_dir) / "models" / DEFAULT_MODEL_NAME
 
 
 def convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path) -> Path:
@@ -91,10 +90,10 @@ def convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path) -> Path:
     return dest
 
 
-def ensure_default_model(settings: Settings | None = None, install: bool = True) -> Path:
-    """Path of the default model's HF folder; converts it on first use, reuses it after."""
-    settings = settings or Settings()
-    dest = default_model_dir(settings)
+def ensure_default_model(cache_dir: str | os.PathLike, install: bool = True) -> Path:
+    """Path of the default model's HF folder under `cache_dir`; converts it on first use,
+    reuses it after."""
+    dest = default_model_dir(cache_dir)
     if is_hf_folder(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -103,14 +102,12 @@ def ensure_default_model(settings: Settings | None = None, install: bool = True)
     return convert_gguf(src, _GGUF, dest)
 
 
-def resolve_model(path: str | os.PathLike | None = None, settings: Settings | None = None) -> Path:
-    """The model folder to serve: an explicit path, else INFLIGHT_MODEL_PATH, else the default."""
-    settings = settings or Settings()
-    chosen = path or settings.model_path
-    if chosen:
-        p = Path(chosen).expanduser()
+def resolve_model(path: str | os.PathLike | None, cache_dir: str | os.PathLike) -> Path:
+    """The model folder to serve: `path` (checked), else the default model in `cache_dir`."""
+    if path:
+        p = Path(path).expanduser()
         if not is_hf_folder(p):
             raise ModelError(f"{p} is not a Hugging Face model folder (needs config.json, "
                              "tokenizer.json and *.safetensors)")
         return p
-    return ensure_default_model(settings)
+    return ensure_default_model(cache_dir)

@@ -12,7 +12,7 @@ import json
 import pathlib
 from typing import Sequence
 
-from inflight.schemas.errors import ModelError
+from inflight.engine.errors import ModelError
 
 
 class Tokenizer:

@@ -105,7 +105,7 @@ def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
         raise SchemaError(f"submit: give a prompt string, chat messages, token ids or an "
                           f"InferenceRequest (got {type(item).__name__})")
     if params is not None:
-        fields["params"] = params.model_dump() if isinstance(params, SamplingParams) else dict(params)
+        fields["params"] = params if isinstance(params, SamplingParams) else dict(params)
     if request_id is not None:
         fields["request_id"] = request_id
     fields.setdefault("request_id", uuid.uuid4().hex)

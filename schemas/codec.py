@@ -17,6 +17,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from inflight.schemas.base import ID_RE, MAX_ID_LEN, FieldError
 from inflight.schemas.errors import SchemaError
 from inflight.schemas.events import ResultEvent
+from inflight.schemas.params import SamplingParamsError
 from inflight.schemas.requests import InferenceRequest
 
 DEFAULT_MAX_BYTES = 1_000_000        # = Settings.kafka_max_message_bytes default
@@ -111,7 +112,11 @@ def schema_error(err: ValidationError, *, raw: bytes | None, request_id: str | N
         field = prefix + cause.field
         msg = str(cause)
         kind = "field_error"
-    if kind == "extra_forbidden":
+    elif isinstance(cause, SamplingParamsError) and cause.field:
+        field = f"{field}.{cause.field}" if field else prefix + cause.field
+        msg = str(cause)
+        kind = "field_error"
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
         allowed = ""
         if model is not None and len(loc) == 1:
             allowed = "; allowed fields: " + ", ".join(model.model_fields)

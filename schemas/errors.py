@@ -6,9 +6,11 @@ and what happens next. Code that handles input never raises anything else at its
 
 from __future__ import annotations
 
+# the root and the engine's own errors live with the engine (which imports no wire code)
+from inflight.engine.errors import CapacityError, ConfigError, InflightError, ModelError
 
-class InflightError(Exception):
-    """Base of every error this project raises on purpose."""
+__all__ = ["InflightError", "SchemaError", "ConfigError", "CapacityError", "BrokerError",
+           "StoreError", "NotFoundError", "StateError", "ModelError", "Retry"]
 
 
 class SchemaError(InflightError, ValueError):
@@ -29,12 +31,6 @@ class SchemaError(InflightError, ValueError):
         self.request_id = request_id
 
 
-class ConfigError(InflightError, ValueError):
-    """A setting is missing or has a value that cannot work."""
-
-
-class CapacityError(InflightError):
-    """A request cannot fit (context length, KV cache, message size)."""
 
 
 class BrokerError(InflightError):
@@ -53,9 +49,6 @@ class StateError(InflightError):
     """The object exists but its state forbids the operation (cancel a completed batch,
     read the results of a batch still running)."""
 
-
-class ModelError(InflightError):
-    """A model folder is missing, incomplete, or of an unsupported architecture."""
 
 
 class Retry(InflightError):

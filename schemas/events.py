@@ -16,23 +16,16 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field
 
+# ErrorEvent codes: defined with the engine, which sets them too.
+from inflight.engine.errors import (ERR_CANCELLED, ERR_ENGINE, ERR_EXPIRED, ERR_INTERNAL,  # noqa: F401
+                                    ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE,
+                                    ERR_PROMPT_TOO_LONG, ERR_STORE_REJECTED)
 from inflight.schemas.base import SCHEMA_VERSION, WireId, WireModel
 from inflight.schemas.params import TokenId
 
 # Engine finish reasons, as vLLM spells them.
 FinishReason = Literal["stop", "length", "abort", "error"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error")
-
-# Known ErrorEvent codes (the field is an open lowercase identifier so new ones need no
-# schema change).
-ERR_INVALID_REQUEST = "invalid_request"   # not JSON / wrong schema / unknown fields
-ERR_MESSAGE_TOO_LARGE = "message_too_large"
-ERR_PROMPT_TOO_LONG = "prompt_too_long"   # over the model's context or max_prompt_chars
-ERR_ENGINE = "engine_error"
-ERR_INTERNAL = "internal_error"
-ERR_CANCELLED = "cancelled"
-ERR_EXPIRED = "expired"
-ERR_STORE_REJECTED = "store_rejected"     # the database refused the request's row (recorder)
 
 
 class Usage(WireModel):
@@ -75,8 +68,10 @@ class TopLogprob(WireModel):
     bytes: list[Annotated[int, Field(ge=0, le=255)]] | None = None
 
 
-class TokenLogprob(TopLogprob):
-    """One position of the output (or prompt): the chosen token and the top alternatives."""
+class ChatTokenLogprob(TopLogprob):
+    """One position of the output (or prompt) in OpenAI's shape (`ChatCompletionTokenLogprob`):
+    the chosen token's text, bytes and logprob, and the top alternatives. The engine's own
+    record of a position (token ids, rank) is `inflight.engine.logprobs.TokenLogprob`."""
 
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
@@ -84,7 +79,7 @@ class TokenLogprob(TopLogprob):
 class Logprobs(WireModel):
     """OpenAI's `choice.logprobs` of a chat completion: one entry per output token."""
 
-    content: list[TokenLogprob] | None = None
+    content: list[ChatTokenLogprob] | None = None
 
 
 class TokenEvent(WireModel):
@@ -133,7 +128,7 @@ class FinalEvent(WireModel):
     # when the request asked (SamplingParams.logprobs / prompt_logprobs); the model's raw
     # log-probabilities. prompt_logprobs[0] is None: the first token has no context.
     logprobs: Logprobs | None = None
-    prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_logprobs: list[ChatTokenLogprob | None] | None = None
 
 
 class ErrorEvent(WireModel):

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, JsonValue, ValidationInfo, model_validator
 
 from inflight.schemas.base import SCHEMA_VERSION, FieldError, FiniteJson, WireId, WireModel
-from inflight.schemas.params import SamplingParams, TokenId
+from inflight.schemas.params import SamplingParams, TokenId, WireSamplingParams
 
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 10
@@ -54,7 +54,7 @@ class InferenceRequest(WireModel):
     prompt: Annotated[str, Field(min_length=1)] | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
     prompt_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKEN_IDS)] | None = None
-    params: SamplingParams = Field(default_factory=SamplingParams)
+    params: WireSamplingParams = Field(default_factory=SamplingParams)
     priority: int = Field(default=PRIORITY_INTERACTIVE, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     batch_id: WireId | None = None
     metadata: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)], JsonValue],

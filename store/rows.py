@@ -29,7 +29,7 @@ def _ts(epoch: float | None) -> datetime | None:
 def queued_row(req: InferenceRequest) -> dict[str, Any]:
     return {"id": req.request_id, "batch_id": req.batch_id, "status": QUEUED,
             "priority": req.priority, "prompt": req.prompt_json(),
-            "params": req.params.model_dump(mode="json"),
+            "params": req.params.to_dict(),
             "created_at": _ts(req.submitted_at)}
 
 

@@ -8,6 +8,7 @@ the same messages for the same mistakes.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Annotated, Any, Literal
 
@@ -99,7 +100,7 @@ class ChatCompletionRequest(BaseModel):
                               request_id=request_id, code=exc.code) from None
         update: dict[str, Any] = {"priority": PRIORITY_INTERACTIVE, "stream": bool(self.stream)}
         if self.logprobs:
-            update["params"] = req.params.model_copy(update={"logprobs": self.top_logprobs or 0})
+            update["params"] = dataclasses.replace(req.params, logprobs=self.top_logprobs or 0)
         return req.model_copy(update=update)
 
 

@@ -8,10 +8,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from inflight.schemas import ChatMessage, InferenceRequest, SamplingParams
+from inflight.schemas import ChatMessage, InferenceRequest
 from inflight.schemas.base import ID_PATTERN
 from inflight.schemas.codec import schema_error
-from inflight.schemas.params import TokenId
+from inflight.schemas.params import TokenId, WireSamplingParams
 from inflight.schemas.requests import MAX_MESSAGES, MAX_METADATA_KEYS, PRIORITY_MAX, PRIORITY_MIN
 
 RequestStatus = Literal["queued", "running", "completed", "failed", "cancelled", "expired"]
@@ -36,7 +36,7 @@ class SubmitRequest(BaseModel):
     prompt: Annotated[str, Field(min_length=1)] = None  # type: ignore[assignment]
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] = None  # type: ignore[assignment]
     prompt_token_ids: Annotated[list[TokenId], Field(min_length=1)] = None  # type: ignore[assignment]
-    params: SamplingParams | None = None
+    params: WireSamplingParams | None = None
     priority: int = Field(default=0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     metadata: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)], JsonValue],
                         Field(max_length=MAX_METADATA_KEYS)] | None = None

@@ -41,6 +41,7 @@ mkdir -p .whl
     -d .whl "${pins[@]}"
 # the project itself: its folders install as inflight.* only through the wheel's package
 # mapping (a plain PYTHONPATH of the checkout has no inflight.engine)
+rm -rf build ./*.egg-info  # a stale build/ would put deleted modules into the wheel
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl .
 echo "prepare: $(ls .whl | wc -l) wheels in .whl/ ($(du -sh .whl | cut -f1)): ${pins[*]}"
 

@@ -22,7 +22,7 @@ import pathlib
 import sysconfig
 from typing import Callable, Sequence
 
-from inflight.schemas.errors import ConfigError
+from inflight.engine.errors import ConfigError
 
 CALIBRATION_MODULES = (
     "typing.py", "argparse.py", "dataclasses.py", "functools.py", "subprocess.py",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from inflight.schemas.errors import ConfigError, ModelError
+from inflight.engine.errors import ConfigError, ModelError
 
 SCHEMES = ("w8", "w4")
 METHODS = ("rtn", "gptq")

@@ -23,7 +23,7 @@ from inflight.engine.quant.config import QuantConfig
 from inflight.kernels.quant import dequantize_w4_grouped, dequantize_w8, num_groups
 from inflight.kernels.quant_cpu import (INT4_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS, PACKED_DTYPES,
                                Int4PackedCPU, aligned, w8a16_matmul_cpu)
-from inflight.schemas.errors import ModelError
+from inflight.engine.errors import ModelError
 
 Take = Callable[[str, bool], "torch.Tensor | None"]  # (name, required) -> stored tensor
 

@@ -31,7 +31,7 @@ from inflight.engine.quant.calibration import calibration_text, text_digest, tok
 from inflight.engine.quant.config import LINEAR_NAMES, QuantConfig
 from inflight.engine.quant.rtn import QuantizedWeight, quantize_w4, quantize_w8
 from inflight.engine.tokenizer import Tokenizer
-from inflight.schemas.errors import ConfigError, ModelError
+from inflight.engine.errors import ConfigError, ModelError
 
 log = logging.getLogger("inflight.quantize")
 

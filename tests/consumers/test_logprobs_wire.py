@@ -9,8 +9,8 @@ import math
 import pytest
 
 from inflight.consumers import event_bytes
-from inflight.consumers.engine_bridge import LOGPROB_FLOOR, LogprobShaper, engine_params
-from inflight.engine import Engine, EngineConfig, RequestOutput
+from inflight.consumers.engine_bridge import LOGPROB_FLOOR, LogprobShaper
+from inflight.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 from inflight.engine.logprobs import TokenLogprob
 from inflight.schemas import FinalEvent, InferenceRequest, SchemaError, decode_result
 from inflight.store.rows import final_row
@@ -24,7 +24,8 @@ def engine(tiny_model):
 def test_wire_params_reach_the_engine_and_are_bounded():
     req = InferenceRequest.model_validate({"request_id": "r", "prompt": "hi",
                                            "params": {"logprobs": 3, "prompt_logprobs": 0}})
-    p = engine_params(req)
+    p = req.params
+    assert isinstance(p, SamplingParams)
     assert (p.logprobs, p.prompt_logprobs) == (3, 0)
     for bad in (21, -1, "2"):
         with pytest.raises(Exception):

@@ -10,13 +10,12 @@ import time
 import pytest
 
 from inflight.engine.model_folder import ensure_default_model, is_hf_folder, resolve_model
-from inflight.schemas.errors import ModelError
-from inflight.schemas.settings import Settings
+from inflight.engine.errors import ModelError
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    s = Settings(cache_dir=tmp_path_factory.mktemp("cache"))
+    s = tmp_path_factory.mktemp("cache")
     t0 = time.monotonic()
     path = ensure_default_model(s)
     return s, path, time.monotonic() - t0
@@ -47,7 +46,7 @@ def test_second_fetch_reuses_the_cache(converted):
 
 def test_explicit_model_path(tmp_path, converted):
     _, path, _ = converted
-    assert resolve_model(path) == path
+    assert resolve_model(path, tmp_path) == path
     with pytest.raises(ModelError, match="not a Hugging Face model folder"):
-        resolve_model(tmp_path)
+        resolve_model(tmp_path, tmp_path)
     os.environ.pop("INFLIGHT_MODEL_PATH", None)

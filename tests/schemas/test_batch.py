@@ -23,7 +23,7 @@ def test_openai_completion_line():
     assert req.request_id == "line-1" and req.prompt == "Once upon a time"
     assert req.batch_id == "b1" and req.priority == PRIORITY_BATCH
     p = req.params
-    assert (p.max_tokens, p.temperature, p.top_p, p.stop, p.seed) == (8, 0.0, 0.9, ["\n"], 3)
+    assert (p.max_tokens, p.temperature, p.top_p, p.stop, p.seed) == (8, 0.0, 0.9, ("\n",), 3)
 
 
 def test_openai_chat_line_with_content_parts():

@@ -29,7 +29,7 @@ def test_round_trip_with_all_inputs():
         req = InferenceRequest(request_id="r", params=SamplingParams(stop="END", seed=7),
                                batch_id="b-1", metadata={"a": [1, {"b": None}]}, **kind)
         assert decode_request(encode(req)) == req
-    assert req.params.stop == ["END"]
+    assert req.params.stop == ("END",)
 
 
 @pytest.mark.parametrize("data, field, words", [
@@ -49,8 +49,8 @@ def test_round_trip_with_all_inputs():
     (raw(params={"top_p": 1.5}), "params.top_p", "less than or equal to 1"),
     (raw(params={"temperature": -0.1}), "params.temperature", "greater than or equal to 0"),
     (raw(params={"top_k": -2}), "params.top_k", "greater than or equal to -1"),
-    (raw(params={"stop": [""]}), "params.stop.0", "at least 1 character"),
-    (raw(params={"stop_token_ids": [-1]}), "params.stop_token_ids.0", "greater than"),
+    (raw(params={"stop": [""]}), "params.stop.0", "must be a string of 1..256 characters"),
+    (raw(params={"stop_token_ids": [-1]}), "params.stop_token_ids.0", "must be a token id in [0,"),
     (raw(params={"ignore_eos": 1}), "params.ignore_eos", "valid boolean"),
     (raw(params={"beam_width": 4}), "params.beam_width", "unknown field"),
     (b'{"request_id": "r", "prompt": "x", "params": {"temperature": NaN}}',
@@ -129,9 +129,9 @@ def test_models_are_frozen_and_strict_in_python_too():
     with pytest.raises(ValueError):
         SamplingParams(temperature=float("nan"))
     assert SamplingParams(temperature=1).temperature == 1.0  # an int is a fine float
-    assert SamplingParams(top_k=0).top_k_enabled is False
-    assert SamplingParams(top_k=-1).top_k_enabled is False
-    assert SamplingParams(top_k=5).top_k_enabled is True
+    assert SamplingParams(top_k=0).uses_top_k is False
+    assert SamplingParams(top_k=-1).uses_top_k is False
+    assert SamplingParams(top_k=5).uses_top_k is True
     assert SamplingParams(temperature=0).greedy
 
 
