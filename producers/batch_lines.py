@@ -130,7 +130,9 @@ class LineChecker:
             where = "body.max_tokens"
         # NOTE: only a max_tokens the line sets is checked; the default is capped by the
         # engine at the context length, as OpenAI's default fills the remaining context.
-        if self.context is not None and "max_tokens" in req.params.model_fields_set:
+        given = obj.get("params" if self.endpoint == MESSAGES_URL else "body")
+        sets_max = isinstance(given, dict) and ("max_tokens" in given or "max_completion_tokens" in given)
+        if self.context is not None and sets_max:
             n_ids = len(req.prompt_token_ids or ())
             if req.params.max_tokens + n_ids > self.context:
                 extra = f" plus {n_ids} prompt tokens" if n_ids else ""
