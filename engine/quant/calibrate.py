@@ -73,16 +73,6 @@ def attention(w: LayerWeights, x: torch.Tensor, cfg: ModelConfig, cos_sin: torch
     return o.transpose(1, 2).reshape(n, length, cfg.num_heads * d)
 
 
-def decoder_layer(w: LayerWeights, x: torch.Tensor, cfg: ModelConfig, cos_sin: torch.Tensor) -> torch.Tensor:
-    """One unquantized (or already replaced) decoder layer on a [n, L, hidden] chunk."""
-    eps = cfg.rms_norm_eps
-    h = x + w.linear(attention(w, rms_norm_ref(x, w.norm("input_layernorm"), eps)[0], cfg, cos_sin),
-                     "self_attn.o_proj")
-    m = rms_norm_ref(h, w.norm("post_attention_layernorm"), eps)[0]
-    return h + w.linear(F.silu(w.linear(m, "mlp.gate_proj")) * w.linear(m, "mlp.up_proj"),
-                        "mlp.down_proj")
-
-
 def _chunks(x: torch.Tensor):
     for i in range(0, x.shape[0], CHUNK):
         yield x[i:i + CHUNK]
