@@ -44,7 +44,7 @@ from inflight.consumers.intake import Intake
 from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.lag import LagProbe
 from inflight.consumers.metrics import Metrics
-from inflight.consumers.publisher import Publisher
+from inflight.consumers.publisher import EventPublisher
 from inflight.consumers.rd_producer import results_producer
 from inflight.schemas import Settings
 from inflight.schemas.errors import InflightError
@@ -70,9 +70,10 @@ class Worker:
                                             os.path.basename(str(model)) if model else "unknown")
         settled: queue.SimpleQueue = queue.SimpleQueue()
         tokenizer = getattr(engine, "tokenizer", None)
-        self.publisher = Publisher(settings, None, settled, worker=self.name, metrics=self.metrics,
-                                   engine_metrics=self.engine_metrics,
-                                   logprobs=LogprobShaper(tokenizer) if tokenizer is not None else None)
+        self.publisher = EventPublisher(settings, None, settled, worker=self.name,
+                                        metrics=self.metrics, engine_metrics=self.engine_metrics,
+                                        logprobs=LogprobShaper(tokenizer) if tokenizer is not None
+                                        else None)
         self.engine_loop = EngineLoop(engine, self.publisher.queue,
                                       on_stats=self.engine_metrics.observe_stats)
         self.intake = Intake(settings, self.engine_loop, self.publisher.queue, settled,

@@ -30,8 +30,9 @@ from inflight.kernels.rotary import rope_cos_sin
 CHUNK = 8  # calibration windows per forward piece (bounds the [chunk, L, intermediate] peak)
 
 
-class LayerWeights:
-    """fp32 views of one decoder layer's tensors, by short name ("self_attn.q_proj")."""
+class Fp32LayerView:
+    """fp32 views of one decoder layer's stored tensors, by short name ("self_attn.q_proj"),
+    with the projections already quantized replaced by their dequantized weights."""
 
     def __init__(self, get: Callable[[str], torch.Tensor | None], prefix: str):
         self.get, self.prefix = get, prefix
@@ -51,7 +52,7 @@ class LayerWeights:
         return self.get(f"{self.prefix}{name}.weight").float()
 
 
-def attention(w: LayerWeights, x: torch.Tensor, cfg: ModelConfig, cos_sin: torch.Tensor) -> torch.Tensor:
+def attention(w: Fp32LayerView, x: torch.Tensor, cfg: ModelConfig, cos_sin: torch.Tensor) -> torch.Tensor:
     """Causal GQA attention of a [n, L, hidden] chunk -> [n, L, heads * head_dim] (pre-o_proj)."""
     n, length, _ = x.shape
     d = cfg.head_dim
@@ -95,7 +96,7 @@ def gptq_model(get: Callable[[str], torch.Tensor | None], cfg: ModelConfig, quan
     out: dict[str, QuantizedWeight] = {}
     for i in range(cfg.num_layers):
         t0 = time.monotonic()
-        w = LayerWeights(get, f"model.layers.{i}.")
+        w = Fp32LayerView(get, f"model.layers.{i}.")
 
         def quantize(names: tuple[str, ...], acc: HessianAccumulator) -> None:
             h = acc.hessian()
