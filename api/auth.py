@@ -49,16 +49,6 @@ def unauthorized(message: str) -> APIError:
                     headers={"WWW-Authenticate": 'Bearer realm="inflight"'})
 
 
-def token_from_headers(authorization: str | None, x_api_key: str | None) -> str | None:
-    if authorization:
-        scheme, _, value = authorization.partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-    if x_api_key and x_api_key.strip():
-        return x_api_key.strip()
-    return None
-
-
 class KeyCache:
     def __init__(self, store: Store, ttl_s: float, db_slots: anyio.CapacityLimiter):
         self.store = store

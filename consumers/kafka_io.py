@@ -9,20 +9,14 @@ from typing import Any
 
 from kafka import KafkaConsumer
 
-from inflight.schemas.kafka_clients import connect
+from inflight.schemas.kafka_clients import connect, group_config, kafka_python_names
 from inflight.schemas.settings import Settings
 
 
 def group_consumer(settings: Settings, group: str, **overrides: Any) -> KafkaConsumer:
-    """A consumer in `group` with manual commits, reading from the earliest offset when the
-    group has none (a fresh group must not skip requests already queued)."""
-    opts: dict[str, Any] = {
-        "group_id": group, "enable_auto_commit": False, "auto_offset_reset": "earliest",
-        "session_timeout_ms": settings.kafka_session_timeout_ms,
-        "heartbeat_interval_ms": settings.kafka_heartbeat_interval_ms,
-        "fetch_max_bytes": max(settings.kafka_max_message_bytes * 4, 4_000_000),
-        "max_partition_fetch_bytes": settings.kafka_max_message_bytes + 64_000,
-    }
+    """A kafka-python consumer in `group` with schemas.kafka_clients.group_config (manual
+    commits, earliest offset for a new group); `overrides` in kafka-python's names."""
+    opts = kafka_python_names(group_config(settings, group))
     opts.update(overrides)
     return connect(KafkaConsumer, settings, **opts)
 

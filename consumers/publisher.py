@@ -62,7 +62,10 @@ class _Stream:
     last_at: float = 0.0           # when its last token came (0: none yet), for the metrics
 
 
-class Publisher:
+class EventPublisher:
+    """The worker's publisher thread (module docstring): engine outputs and intake commands
+    in, events on the results topics out."""
+
     def __init__(self, settings: Settings, producer: Any, settled: queue.SimpleQueue, *,
                  worker: str, metrics: Metrics, engine_metrics: EngineMetrics | None = None,
                  logprobs: Any = None):
@@ -104,7 +107,7 @@ class Publisher:
         self._send_fast = getattr(producer, "send_untracked", None)
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self) -> "Publisher":
+    def start(self) -> "EventPublisher":
         self.thread = threading.Thread(target=self.run, name="publisher", daemon=True)
         self.thread.start()
         return self

@@ -42,7 +42,7 @@ from kafka.errors import (InvalidRecordError, KafkaError, KafkaTimeoutError,
                           MessageSizeTooLargeError, RecordListTooLargeError,
                           UnsupportedForMessageFormatError)
 
-from inflight.schemas.kafka_clients import producer as kafka_python_producer
+from inflight.schemas.kafka_clients import producer as kafka_python_producer, producer_config
 from inflight.schemas.settings import Settings
 
 QUEUE_FULL_WAIT_S = 0.05   # produce() on a full local queue: serve callbacks, try again
@@ -127,9 +127,7 @@ class RdProducer:
     def __init__(self, settings: Settings, **overrides: Any):
         config: dict[str, Any] = {
             **settings.rdkafka_common(),
-            "acks": "all", "linger.ms": 2,
-            "enable.idempotence": settings.kafka_enable_idempotence,
-            "message.max.bytes": settings.kafka_max_message_bytes + 64_000,
+            **producer_config(settings),
             # NOTE: Java's partitioner (and kafka-python's) for keys, should a send come
             # without a partition; the publisher picks them itself (publisher.key_hash)
             "partitioner": "murmur2_random",

@@ -22,6 +22,7 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from inflight.consumers.kafka_io import group_consumer
+from inflight.schemas.kafka_clients import group_config
 from inflight.schemas.settings import Settings
 
 log = logging.getLogger("inflight.recorder")
@@ -41,11 +42,7 @@ class RdSource:
 
         config: dict[str, Any] = {
             **settings.rdkafka_common(),
-            "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "session.timeout.ms": settings.kafka_session_timeout_ms,
-            "heartbeat.interval.ms": settings.kafka_heartbeat_interval_ms,
-            "fetch.max.bytes": max(settings.kafka_max_message_bytes * 4, 4_000_000),
-            "max.partition.fetch.bytes": settings.kafka_max_message_bytes + 64_000,
+            **group_config(settings, group),
             "logger": logging.getLogger("inflight.rdkafka"),
         }
         config.update(settings.kafka_rdkafka_options)

@@ -23,7 +23,7 @@ new is admitted, partitions stay paused but polled (rebalances go on), what runs
 within INFLIGHT_WORKER_DRAIN_TIMEOUT_S or is handed back uncommitted. The worker never
 talks to the database.
 
-Run it: `inflight worker` or `python -m consumers.worker` (settings from INFLIGHT_*).
+Run it: `inflight worker` or `python -m inflight.consumers.worker` (settings from INFLIGHT_*).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from inflight.consumers.intake import Intake
 from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.lag import LagProbe
 from inflight.consumers.metrics import Metrics
-from inflight.consumers.publisher import Publisher
+from inflight.consumers.publisher import EventPublisher
 from inflight.consumers.rd_producer import results_producer
 from inflight.schemas import Settings
 from inflight.schemas.errors import InflightError
@@ -70,9 +70,10 @@ class Worker:
                                             os.path.basename(str(model)) if model else "unknown")
         settled: queue.SimpleQueue = queue.SimpleQueue()
         tokenizer = getattr(engine, "tokenizer", None)
-        self.publisher = Publisher(settings, None, settled, worker=self.name, metrics=self.metrics,
-                                   engine_metrics=self.engine_metrics,
-                                   logprobs=LogprobShaper(tokenizer) if tokenizer is not None else None)
+        self.publisher = EventPublisher(settings, None, settled, worker=self.name,
+                                        metrics=self.metrics, engine_metrics=self.engine_metrics,
+                                        logprobs=LogprobShaper(tokenizer) if tokenizer is not None
+                                        else None)
         self.engine_loop = EngineLoop(engine, self.publisher.queue,
                                       on_stats=self.engine_metrics.observe_stats)
         self.intake = Intake(settings, self.engine_loop, self.publisher.queue, settled,
@@ -188,7 +189,7 @@ class Worker:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m consumers.worker", description="run one worker")
+    p = argparse.ArgumentParser(prog="python -m inflight.consumers.worker", description="run one worker")
     p.add_argument("--model", default=None)
     p.add_argument("--kv-cache-mb", type=int, default=None)
     p.add_argument("--device", default=None)
@@ -197,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kafka").setLevel(logging.WARNING)
     settings = Settings()
     engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device)
+    return run_worker(settings, engine)
+
+
+def run_worker(settings: Settings, engine: Any) -> int:
+    """Serve `engine` as one worker until SIGTERM or SIGINT (then drain, commit, leave the
+    group); the heap is settled once start-up is done. `inflight worker` and `main` run it."""
     worker = Worker(settings, engine)
     worker.install_signal_handlers()
     settle_heap()

@@ -116,15 +116,6 @@ class BlockPool:
         block.block_hash = block_hash
         self._cached[block_hash] = block.block_id
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached-but-free block (e.g. after loading new weights)."""
-        for block_id in list(self._lru):
-            block = self.blocks[block_id]
-            del self._cached[block.block_hash]
-            block.block_hash = None
-            self._clean.append(block_id)
-        self._lru.clear()
-
     # -- invariants ------------------------------------------------------------------
     def check_invariants(self, expected_refs: dict[int, int] | None = None) -> None:
         """Raise AssertionError if the pool is inconsistent. `expected_refs` maps block id

@@ -59,10 +59,6 @@ class InputBatch:
         self._diffs: list[tuple[int, int, list[int]]] = []
         self.num_diff_entries = 0
 
-    @property
-    def num_rows(self) -> int:
-        return len(self.row_of)
-
     # -- rows ----------------------------------------------------------------------------
     def add(self, req: Request) -> int:
         """Give a newly running request a row; write its block table and parameters."""

@@ -38,10 +38,6 @@ class ScoreOutput:
     logprobs: list[float | None]
 
     @property
-    def num_scored(self) -> int:
-        return len(self.logprobs) - 1
-
-    @property
     def perplexity(self) -> float:
         """exp of the mean negative logprob over tokens 1..n-1 (nan for one token)."""
         vals = self.logprobs[1:]

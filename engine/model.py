@@ -86,7 +86,10 @@ class AttentionMetadata:
 
 
 @dataclass
-class LayerWeights:
+class FusedLayerWeights:
+    """One decoder layer as the forward pass reads it: its two norm weights and its
+    projections, fused where they share an input (q|k|v, gate|up)."""
+
     input_norm: torch.Tensor
     qkv: Linear        # q|k|v fused along N (engine/quant/linear.py: dense, w8 or w4)
     o: Linear
@@ -139,10 +142,10 @@ class LlamaModel:
         self.norm = take("norm.weight")
         lm_head = take("lm_head.weight", required=False)
         self.lm_head = self.embed if lm_head is None or cfg.tie_word_embeddings else lm_head
-        self.layers: list[LayerWeights] = []
+        self.layers: list[FusedLayerWeights] = []
         for i in range(cfg.num_layers):
             p = f"layers.{i}."
-            self.layers.append(LayerWeights(
+            self.layers.append(FusedLayerWeights(
                 input_norm=take(p + "input_layernorm.weight"),
                 qkv=linear(*(p + f"self_attn.{n}_proj" for n in "qkv")),
                 o=linear(p + "self_attn.o_proj"),

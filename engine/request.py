@@ -110,7 +110,3 @@ class Request:
     def sort_key(self) -> tuple[int, int]:
         """Lower priority value first, then earlier arrival (vLLM convention)."""
         return (self.priority, self.arrival_index)
-
-    def append_token(self, token_id: int) -> None:
-        self.output_token_ids.append(token_id)
-        self.all_token_ids.append(token_id)

@@ -15,7 +15,9 @@ from inflight.store.models import utcnow
 ERR_BATCH_EXPIRED = "batch_expired"
 
 
-class Publisher(Protocol):
+class RequestPublisher(Protocol):
+    """How batch jobs publish encoded requests and cancels (producers.Client is one)."""
+
     def publish_encoded(self, items: Iterable[tuple[str, bytes]], *, topic: str) -> int: ...
     def cancel_many(self, request_ids: Iterable[str]) -> int: ...
 
@@ -25,7 +27,7 @@ class JobContext:
     """What the batch functions need; one per process (the Celery worker builds it)."""
 
     store: Store
-    publisher: Publisher
+    publisher: RequestPublisher
     settings: Settings
     context_length: int | None = None   # producers.batch_lines.context_length
     model_name: str = "default"         # `model` in result bodies when a line names none

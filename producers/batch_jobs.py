@@ -13,8 +13,8 @@ Python API (the CLI, `producers.Client` and the HTTP API use exactly these):
     jobs.batch_object(row) / jobs.anthropic_batch_object(row)   # the API's JSON shapes
 
 `ctx` is a JobContext (store, publisher, settings, context length, model name); a
-publisher is anything with `publish_encoded(items, topic=)` and `cancel_many(ids)`
-(producers.Client is one).
+publisher is a RequestPublisher: anything with `publish_encoded(items, topic=)` and
+`cancel_many(ids)` (producers.Client is one).
 
 Lifecycle and who moves it (every move is one conditional UPDATE, store.batch_queries):
 
@@ -46,7 +46,7 @@ from inflight.schemas.errors import Retry, StateError
 from inflight.store import BATCH_FINAL_STATUSES, CANCELLED, CANCELLING, BatchRow, Store
 from inflight.store.models import utcnow
 
-from inflight.producers.batch_context import (JobContext, Publisher, open_request_ids)
+from inflight.producers.batch_context import JobContext, RequestPublisher, open_request_ids
 from inflight.producers.batch_enqueue import validate_and_enqueue
 from inflight.producers.batch_lines import ENDPOINTS
 from inflight.producers.batch_sweep import SweepReport, sweep
@@ -57,7 +57,7 @@ WINDOW_RE = re.compile(r"^(\d+)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_BATCH_ID = 100           # leaves room for ':<custom_id>' in request ids
 
-__all__ = ["JobContext", "Publisher", "Retry", "SweepReport", "create_batch", "cancel_batch",
+__all__ = ["JobContext", "RequestPublisher", "Retry", "SweepReport", "create_batch", "cancel_batch",
            "validate_and_enqueue", "sweep", "batch_object", "anthropic_batch_object",
            "parse_window", "new_batch_id"]
 
@@ -106,7 +106,7 @@ def create_batch(store: Store, *, input_file_id: str, endpoint: str,
 
 # --- cancel ---------------------------------------------------------------------------------
 
-def cancel_batch(store: Store, publisher: Publisher, batch_id: str) -> BatchRow:
+def cancel_batch(store: Store, publisher: RequestPublisher, batch_id: str) -> BatchRow:
     """`cancelling`, then a cancel on the cancel topic for every request not final yet.
     The sweep moves the batch to `cancelled` (with the partial results) once they have all
     ended. Cancelling a batch already cancelling or cancelled returns it unchanged; one that

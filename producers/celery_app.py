@@ -78,7 +78,3 @@ def celery_app(settings: Settings) -> Celery:
 
 def send_enqueue(app: Celery, batch_id: str) -> None:
     app.send_task(ENQUEUE_TASK, args=[batch_id])
-
-
-def send_sweep(app: Celery) -> None:
-    app.send_task(SWEEP_TASK)

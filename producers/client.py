@@ -202,11 +202,6 @@ class Client:
         except KafkaError as exc:
             raise BrokerError(f"publishing {req.request_id} failed: {exc}") from exc
 
-    def publish_raw(self, topic: str, value: bytes, key: bytes | None = None,
-                    headers: list | None = None) -> None:
-        """Send bytes as they are (tests, replays from the DLQ)."""
-        self.producer.send(topic, key=key, value=value, headers=headers)
-
     def flush(self, timeout: float | None = 30) -> None:
         if self._producer is not None:
             try:

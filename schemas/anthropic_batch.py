@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inflight.schemas.codec import DEFAULT_MAX_PROMPT_CHARS, request_from_object
+from inflight.schemas.codec import DEFAULT_MAX_PROMPT_CHARS, renamed_field, request_from_object
 from inflight.schemas.errors import SchemaError
 from inflight.schemas.requests import PRIORITY_BATCH, InferenceRequest
 
@@ -108,13 +108,4 @@ def anthropic_batch_request(obj: dict[str, Any], raw: bytes, *, request_id: str,
     try:
         return request_from_object(fields, raw=raw, max_prompt_chars=max_prompt_chars)
     except SchemaError as e:
-        field, message = e.field, e.message
-        if field:
-            for ours, theirs in _FIELD_PATHS:
-                if field.startswith(ours):
-                    new = theirs + field[len(ours):]
-                    message = message.replace(field, new, 1)
-                    field = new
-                    break
-        raise SchemaError(message, raw=e.raw, field=field, request_id=request_id,
-                          code=e.code) from None
+        raise renamed_field(e, _FIELD_PATHS) from None

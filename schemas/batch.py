@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from inflight.schemas.base import ID_RE, MAX_ID_LEN
 from inflight.schemas.codec import (DEFAULT_MAX_BYTES, DEFAULT_MAX_PROMPT_CHARS, load_object,
-                           request_from_object, salvage_request_id, schema_error)
+                                    renamed_field, request_from_object, salvage_request_id,
+                                    schema_error)
 from inflight.schemas.errors import SchemaError
 from inflight.schemas.requests import PRIORITY_BATCH, InferenceRequest
 
@@ -69,14 +70,14 @@ def parse_batch_line(line: Any, *, batch_id: str | None = None, line_no: int | N
             try:
                 req = request_from_object(fields, raw=data, max_prompt_chars=max_prompt_chars)
             except SchemaError as e:
-                raise _openai_error(e) from None
+                raise renamed_field(e, _OPENAI_PATHS) from None
         else:
             req = request_from_object(obj, raw=data, max_prompt_chars=max_prompt_chars)
             fields = obj
     except SchemaError as e:
         if where:
             raise SchemaError(where + e.message, raw=e.raw, field=e.field,
-                              request_id=e.request_id) from None
+                              request_id=e.request_id, code=e.code) from None
         raise
     update: dict[str, Any] = {}
     if batch_id is not None and req.batch_id is None:
@@ -115,18 +116,6 @@ _OPENAI_PATHS = (("request_id", "custom_id"), ("params.", "body."), ("messages",
                  ("prompt_token_ids", "body.prompt"), ("prompt", "body.prompt"))
 
 
-def _openai_error(e: SchemaError) -> SchemaError:
-    field, message = e.field, e.message
-    if field:
-        for ours, theirs in _OPENAI_PATHS:
-            if field.startswith(ours):
-                new = theirs + field[len(ours):]
-                message = message.replace(field, new, 1)
-                field = new
-                break
-    return SchemaError(message, raw=e.raw, field=field, request_id=e.request_id)
-
-
 def _fail(msg: str, raw: bytes, field: str | None, rid: str | None) -> SchemaError:
     return SchemaError(msg, raw=raw, field=field, request_id=rid)
 
@@ -155,7 +144,7 @@ def openai_batch_request(obj: dict[str, Any], raw: bytes, *, request_id: str,
     try:
         return request_from_object(fields, raw=raw, max_prompt_chars=max_prompt_chars)
     except SchemaError as e:
-        raise _openai_error(e) from None
+        raise renamed_field(e, _OPENAI_PATHS) from None
 
 
 def _openai_body_fields(obj: dict[str, Any], raw: bytes, rid: str) -> dict[str, Any]:

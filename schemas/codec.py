@@ -139,6 +139,21 @@ def schema_error(err: ValidationError, *, raw: bytes | None, request_id: str | N
     return SchemaError(text, raw=raw, field=field, request_id=request_id, code=code)
 
 
+def renamed_field(e: SchemaError, paths: tuple[tuple[str, str], ...]) -> SchemaError:
+    """`e` with its field renamed by the first (ours, theirs) prefix pair that matches, in
+    `field` and where the message names it, so the errors of a line that wraps a request
+    (a Batch API line) name what its writer wrote: `params.max_tokens` -> `body.max_tokens`."""
+    field, message = e.field, e.message
+    if field:
+        for ours, theirs in paths:
+            if field.startswith(ours):
+                new = theirs + field[len(ours):]
+                message = message.replace(field, new, 1)
+                field = new
+                break
+    return SchemaError(message, raw=e.raw, field=field, request_id=e.request_id, code=e.code)
+
+
 def decode_request(raw: Any, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
                    max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS) -> InferenceRequest:
     """Bytes from `inflight.requests` → InferenceRequest. Raises only SchemaError."""

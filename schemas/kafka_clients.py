@@ -1,6 +1,10 @@
 """kafka-python clients built from Settings: the one place every process of the project
 (worker, recorder, cancel reader, producer client, topics admin) gets its connections.
 
+The settings our producers and group consumers share with the librdkafka ones
+(consumers.rd_producer, consumers.recorder_source) are written once, in Kafka's own dotted
+names (librdkafka's), and turned into kafka-python's keywords by `kafka_python_names`.
+
 It lives in `schemas/` because both `consumers/` and `producers/` may import it (DESIGN.md's
 import table); it knows Settings and the error tree, nothing else of the project.
 """
@@ -18,6 +22,35 @@ from inflight.schemas.errors import BrokerError
 from inflight.schemas.settings import Settings
 
 
+# Kafka's name -> kafka-python's, where it is not just the dots made underscores
+_KAFKA_PYTHON_NAMES = {"message.max.bytes": "max_request_size"}
+
+
+def kafka_python_names(config: dict[str, Any]) -> dict[str, Any]:
+    """Settings in Kafka's dotted names as kafka-python keyword arguments."""
+    return {_KAFKA_PYTHON_NAMES.get(k, k.replace(".", "_")): v for k, v in config.items()}
+
+
+def producer_config(settings: Settings) -> dict[str, Any]:
+    """Every producer of ours, in Kafka's names: acks=all; idempotence only when
+    INFLIGHT_KAFKA_ENABLE_IDEMPOTENCE (Tansu loses producer ids across restarts, which
+    wedges an idempotent producer); room for a message at the limit plus its overhead."""
+    return {"acks": "all", "linger.ms": 2,
+            "enable.idempotence": settings.kafka_enable_idempotence,
+            "message.max.bytes": settings.kafka_max_message_bytes + 64_000}
+
+
+def group_config(settings: Settings, group: str) -> dict[str, Any]:
+    """Every group consumer of ours, in Kafka's names: manual commits, reading from the
+    earliest offset when the group has none (a fresh group must not skip requests already
+    queued), fetches that hold a message at the limit."""
+    return {"group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "session.timeout.ms": settings.kafka_session_timeout_ms,
+            "heartbeat.interval.ms": settings.kafka_heartbeat_interval_ms,
+            "fetch.max.bytes": max(settings.kafka_max_message_bytes * 4, 4_000_000),
+            "max.partition.fetch.bytes": settings.kafka_max_message_bytes + 64_000}
+
+
 def connect(client_cls: type, settings: Settings, **opts: Any) -> Any:
     """A kafka-python client (producer, consumer, admin) built from Settings; an unreachable
     broker becomes BrokerError that says what to do. Installs the tolerant record parse
@@ -31,11 +64,8 @@ def connect(client_cls: type, settings: Settings, **opts: Any) -> Any:
 
 
 def producer(settings: Settings, **overrides: Any) -> KafkaProducer:
-    """acks=all; idempotence only when INFLIGHT_KAFKA_ENABLE_IDEMPOTENCE (Tansu loses
-    producer ids across restarts, which wedges an idempotent producer)."""
-    opts: dict[str, Any] = {"acks": "all", "linger_ms": 2,
-                            "enable_idempotence": settings.kafka_enable_idempotence,
-                            "max_request_size": settings.kafka_max_message_bytes + 64_000}
+    """A kafka-python producer with `producer_config`; `overrides` in kafka-python's names."""
+    opts = kafka_python_names(producer_config(settings))
     opts.update(overrides)
     return connect(KafkaProducer, settings, **opts)
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, tuple_, update
+from sqlalchemy import and_, or_, select, tuple_, update
 
 from inflight.schemas.errors import NotFoundError, StoreError
 from inflight.store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BATCH_STATUSES, VALIDATING,
@@ -175,12 +175,3 @@ class BatchQueries:
             if res.rowcount != 1 and s.get(BatchRow, batch_id) is None:
                 raise StoreError(f"batch {batch_id!r} does not exist; create it first")
         return self.require_batch(batch_id)
-
-    def count_batches(self) -> dict[str, int]:
-        """{status: count} over all batches, every status present."""
-        counts = dict.fromkeys(BATCH_STATUSES, 0)
-        with self.session() as s:  # type: ignore[attr-defined]
-            for status, n in s.execute(select(BatchRow.status, func.count())
-                                       .group_by(BatchRow.status)):
-                counts[status] = n
-        return counts

@@ -30,8 +30,9 @@ from inflight.kernels.rotary import rope_cos_sin
 CHUNK = 8  # calibration windows per forward piece (bounds the [chunk, L, intermediate] peak)
 
 
-class LayerWeights:
-    """fp32 views of one decoder layer's tensors, by short name ("self_attn.q_proj")."""
+class Fp32LayerView:
+    """fp32 views of one decoder layer's stored tensors, by short name ("self_attn.q_proj"),
+    with the projections already quantized replaced by their dequantized weights."""
 
     def __init__(self, get: Callable[[str], torch.Tensor | None], prefix: str):
         self.get, self.prefix = get, prefix
@@ -51,7 +52,7 @@ class LayerWeights:
         return self.get(f"{self.prefix}{name}.weight").float()
 
 
-def attention(w: LayerWeights, x: torch.Tensor, cfg: ModelConfig, cos_sin: torch.Tensor) -> torch.Tensor:
+def attention(w: Fp32LayerView, x: torch.Tensor, cfg: ModelConfig, cos_sin: torch.Tensor) -> torch.Tensor:
     """Causal GQA attention of a [n, L, hidden] chunk -> [n, L, heads * head_dim] (pre-o_proj)."""
     n, length, _ = x.shape
     d = cfg.head_dim
@@ -71,16 +72,6 @@ def attention(w: LayerWeights, x: torch.Tensor, cfg: ModelConfig, cos_sin: torch
     v = v.transpose(1, 2)
     o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=d ** -0.5)
     return o.transpose(1, 2).reshape(n, length, cfg.num_heads * d)
-
-
-def decoder_layer(w: LayerWeights, x: torch.Tensor, cfg: ModelConfig, cos_sin: torch.Tensor) -> torch.Tensor:
-    """One unquantized (or already replaced) decoder layer on a [n, L, hidden] chunk."""
-    eps = cfg.rms_norm_eps
-    h = x + w.linear(attention(w, rms_norm_ref(x, w.norm("input_layernorm"), eps)[0], cfg, cos_sin),
-                     "self_attn.o_proj")
-    m = rms_norm_ref(h, w.norm("post_attention_layernorm"), eps)[0]
-    return h + w.linear(F.silu(w.linear(m, "mlp.gate_proj")) * w.linear(m, "mlp.up_proj"),
-                        "mlp.down_proj")
 
 
 def _chunks(x: torch.Tensor):
@@ -105,7 +96,7 @@ def gptq_model(get: Callable[[str], torch.Tensor | None], cfg: ModelConfig, quan
     out: dict[str, QuantizedWeight] = {}
     for i in range(cfg.num_layers):
         t0 = time.monotonic()
-        w = LayerWeights(get, f"model.layers.{i}.")
+        w = Fp32LayerView(get, f"model.layers.{i}.")
 
         def quantize(names: tuple[str, ...], acc: HessianAccumulator) -> None:
             h = acc.hessian()

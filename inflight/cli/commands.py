@@ -157,16 +157,12 @@ def _overrides(args: Any, settings: Settings) -> Settings:
 
 
 def cmd_worker(args: Any, settings: Settings) -> int:
-    from inflight.consumers.worker import Worker, build_engine, settle_heap
+    from inflight.consumers.worker import build_engine, run_worker
 
     settings = _overrides(args, settings)
     engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
                           dtype=args.dtype)
-    worker = Worker(settings, engine)
-    worker.install_signal_handlers()
-    settle_heap()
-    worker.run()
-    return 0
+    return run_worker(settings, engine)
 
 
 def cmd_recorder(args: Any, settings: Settings) -> int:

@@ -12,18 +12,9 @@ import signal
 import sys
 import time
 
-import orjson
-
+from inflight.cli import cli_io
 from inflight.schemas.errors import InflightError
 from inflight.schemas.settings import Settings
-
-
-def _print(args, human: str, data: dict) -> None:
-    if getattr(args, "json", False):
-        sys.stdout.write(orjson.dumps(data).decode() + "\n")
-    else:
-        print(human)
-    sys.stdout.flush()
 
 
 def cmd_broker(args, settings: Settings) -> int:
@@ -43,7 +34,7 @@ def cmd_broker(args, settings: Settings) -> int:
     if args.create_topics:
         topics = create_topics(settings.model_copy(update={"kafka_bootstrap": broker.bootstrap}),
                                partitions=args.partitions)
-    _print(args, f"broker ready bootstrap={broker.bootstrap} pid={broker.proc.pid} "
+    cli_io.out(args, f"broker ready bootstrap={broker.bootstrap} pid={broker.proc.pid} "
                  f"(memory storage; Ctrl-C stops it)\nexport INFLIGHT_KAFKA_BOOTSTRAP={broker.bootstrap}",
            {"bootstrap": broker.bootstrap, "pid": broker.proc.pid, "topics": topics})
     try:
@@ -58,7 +49,7 @@ def cmd_topics(args, settings: Settings) -> int:
     from inflight.cli.topics import create_topics
 
     status = create_topics(settings, partitions=args.partitions)
-    _print(args, "\n".join(f"{t}: {s}" for t, s in status.items()), status)
+    cli_io.out(args, "\n".join(f"{t}: {s}" for t, s in status.items()), status)
     return 0
 
 
@@ -69,7 +60,7 @@ def cmd_db(args, settings: Settings) -> int:
     upgrade(url)
     from inflight.store.urls import redact
 
-    _print(args, f"database at {redact(url)} is at the latest schema",
+    cli_io.out(args, f"database at {redact(url)} is at the latest schema",
            {"database_url": redact(url), "status": "upgraded"})
     return 0
 
@@ -79,7 +70,7 @@ def cmd_model(args, settings: Settings) -> int:
 
     t0 = time.monotonic()
     path = resolve_model(args.model, settings)
-    _print(args, str(path), {"model_path": str(path), "seconds": round(time.monotonic() - t0, 2)})
+    cli_io.out(args, str(path), {"model_path": str(path), "seconds": round(time.monotonic() - t0, 2)})
     return 0
 
 
@@ -95,7 +86,7 @@ def cmd_quantize(args, settings: Settings) -> int:
         (lambda line: print(line, flush=True))
     sizes = {k: v for k, v in (("num_samples", args.samples), ("seq_len", args.seq_len)) if v is not None}
     out = quantize_model(src, args.output, quant, calib=args.calib, progress=say, **sizes)
-    _print(args, str(out), {"model_path": str(out), "source": str(src), "scheme": quant.scheme,
+    cli_io.out(args, str(out), {"model_path": str(out), "source": str(src), "scheme": quant.scheme,
                             "group_size": quant.group_size, "method": quant.method,
                             "seconds": round(time.monotonic() - t0, 2)})
     return 0

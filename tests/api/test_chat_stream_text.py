@@ -21,9 +21,9 @@ import pytest
 from sqlalchemy import select
 
 from inflight.api.routes.chat import SentText
-from inflight.producers import Client
 from inflight.schemas import FinalEvent, TokenEvent
 from inflight.schemas.codec import encode
+from inflight.schemas.kafka_clients import producer
 from inflight.store.models import RequestRow
 from tests.api.test_requests import sse_events, streamed_text
 
@@ -53,7 +53,7 @@ class FakeWorkers:
 
     def __init__(self, settings):
         self.settings = settings
-        self.client = Client(settings)
+        self.producer = producer(settings)
 
     def tokens(self, rid: str, attempt: str, pieces: list[tuple[list[int], str]]) -> None:
         start = 0
@@ -62,19 +62,19 @@ class FakeWorkers:
                 request_id=rid, attempt=attempt, index=index, start=start, token_ids=ids,
                 text=text))
             start += len(ids)
-        self.client.flush()
+        self.producer.flush()
 
     def final(self, rid: str, attempt: str, ids: list[int], text: str) -> None:
         self._send(self.settings.topic_results, FinalEvent(
             request_id=rid, attempt=attempt, text=text, token_ids=ids, finish_reason="stop",
             worker="w2"))
-        self.client.flush()
+        self.producer.flush()
 
     def _send(self, topic: str, event) -> None:
-        self.client.publish_raw(topic, encode(event), key=event.request_id.encode())
+        self.producer.send(topic, key=event.request_id.encode(), value=encode(event))
 
     def close(self) -> None:
-        self.client.close()
+        self.producer.close()
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ ASSIGNED = re.compile(r"^(\S+ \S+) INFO inflight\.\w+ (?:worker \S+ )?assigned \
 
 
 class WorkerProcess:
-    """`python -m consumers.worker` with the test's settings; its log in its own file."""
+    """`python -m inflight.consumers.worker` with the test's settings; its log in its own file."""
 
     def __init__(self, settings, model: Path, log: Path):
         from inflight.cli.commands import settings_env

@@ -67,10 +67,9 @@ def _request(rid: str, prompt: str = "hello", **kw) -> bytes:
     return encode(InferenceRequest(request_id=rid, prompt=prompt, **kw))
 
 
-def _publish(client, topic: str, items: list[tuple[str, bytes]]) -> None:
-    for key, value in items:
-        client.publish_raw(topic, value, key=key.encode())
-    client.flush()
+def _publish(settings, topic: str, items: list[tuple[str, bytes]]) -> None:
+    """One record batch on partition 0 (the recorder's topics have one partition here)."""
+    produce_raw(settings.kafka_bootstrap, topic, 0, [(key.encode(), value, []) for key, value in items])
 
 
 @pytest.fixture
@@ -93,21 +92,21 @@ def recorder(broker, db_url):
 
 
 def test_rows_the_database_refuses_end_as_one_error_row_and_neighbours_are_stored(recorder):
-    s, store, client = recorder.settings, recorder.store, recorder.client
+    s, store = recorder.settings, recorder.store
     tag = uuid.uuid4().hex[:8]
     mark = f"REFUSE-{tag}"
     ids = {name: f"{name}-{tag}" for name in
            ("ok1", "ok2", "ok3", "out", "wrk", "prm", "far")}
     with refusing_rows_with(store, mark):
         # a queued row refused for its prompt, then its (storable) final
-        _publish(client, s.topic_requests, [
+        _publish(s, s.topic_requests, [
             (ids["ok1"], _request(ids["ok1"])),
             (ids["prm"], _request(ids["prm"], prompt=f"say {mark}")),
             # a submit time far outside datetime's range must not make the row unbuildable
             (ids["far"], _request(ids["far"], submitted_at=1e300)),
             (ids["ok2"], _request(ids["ok2"])),
         ])
-        _publish(client, s.topic_results, [
+        _publish(s, s.topic_results, [
             (ids["ok1"], _final(ids["ok1"])),
             (ids["out"], _final(ids["out"], text_=f"the model said {mark}")),  # output refused
             (ids["prm"], _final(ids["prm"])),
@@ -140,7 +139,7 @@ def test_rows_the_database_refuses_end_as_one_error_row_and_neighbours_are_store
 
         # a redo's final (a worker crashed after the first) never replaces the error row
         received = recorder.recorder.metrics["received"]
-        _publish(client, s.topic_results, [(ids["out"], _final(ids["out"], text_="redo"))])
+        _publish(s, s.topic_results, [(ids["out"], _final(ids["out"], text_="redo"))])
         deadline = time.monotonic() + 20
         while recorder.recorder.metrics["received"] == received:
             assert time.monotonic() < deadline, "the recorder did not read the redo"

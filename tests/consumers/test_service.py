@@ -14,6 +14,7 @@ from inflight.schemas import ErrorEvent, FinalEvent, SamplingParams, StatusEvent
 from tests.consumers.conftest import (Service, make_settings, migrated, read_topic,
                                       results_by_request, tiny_engine, tokens_by_request,
                                       wait_rows)
+from tests.raw_kafka import produce_raw
 from tests.tiny_llama import SENTENCES
 
 pytestmark = [pytest.mark.broker]
@@ -132,7 +133,8 @@ def test_bad_messages_error_rows_dlq_and_neighbours_complete(service):
     client.submit("one two three", SamplingParams(max_tokens=5, temperature=0), request_id=good[0], flush=False)
     for i, (rid, raw) in enumerate(bad.values()):
         # no key on the not-JSON one: nothing names it (a key would: see test_poison_pills)
-        client.publish_raw(s.topic_requests, raw, key=rid.encode() if rid else None, headers=headers)
+        produce_raw(s.kafka_bootstrap, s.topic_requests, 0,
+                    [(rid.encode() if rid else None, raw, headers)])
         if i == 2:
             client.submit("four five six", SamplingParams(max_tokens=5, temperature=0), request_id=good[1], flush=False)
     client.submit("seven eight", SamplingParams(max_tokens=5, temperature=0), request_id=good[2], flush=False)
@@ -216,7 +218,6 @@ def test_poison_pills_end_as_error_rows_and_dlq_copies(service):
     as an error row under its id (the Kafka key where the body cannot be parsed) plus a
     DLQ copy the worker could send, and the neighbours complete."""
     from inflight.schemas.kafka_clients import producer
-    from tests.raw_kafka import produce_raw
 
     s, client = service.settings, service.client
     tag = uuid.uuid4().hex[:6]
@@ -232,9 +233,8 @@ def test_poison_pills_end_as_error_rows_and_dlq_copies(service):
     huge_raw = orjson.dumps({"request_id": huge_id, "prompt": "x " * 100_000})  # 200 KB
     client.submit("one two three", SamplingParams(max_tokens=5, temperature=0),
                   request_id=good[0])
-    for rid, raw in keyed.items():
-        client.publish_raw(s.topic_requests, raw, key=rid.encode())
-    client.flush()
+    produce_raw(s.kafka_bootstrap, s.topic_requests, 0,
+                [(rid.encode(), raw, []) for rid, raw in keyed.items()])
     # a null header value (kafka-python's producer refuses to send one, so did the DLQ copy)
     produce_raw(s.kafka_bootstrap, s.topic_requests, 0,
                 [(null_id.encode(), null_raw, [("trace", None), ("x", b"1")])])

@@ -80,7 +80,8 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 100), token=st.integers(10, 13))
     def decode(self, i, token):
         req = self.running[i % len(self.running)]
-        req.append_token(token)
+        req.output_token_ids.append(token)  # a sampled token, as Engine._accept_token adds it
+        req.all_token_ids.append(token)
         if not self.kv.allocate_slots(req, 1):
             self.kv.free(req)  # out of blocks: preempt
             self.running.remove(req)

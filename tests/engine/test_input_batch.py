@@ -59,7 +59,7 @@ def test_rows_follow_admit_finish_preempt_resume_abort():
 
     b.remove(d)                                   # aborted
     b.remove(d)                                   # twice: ignored
-    assert b.num_rows == 2 and set(b.row_of.values()) == {0, 1}
+    assert len(b.row_of) == 2 and set(b.row_of.values()) == {0, 1}
     assert b.block_table[b.pad_row].tolist() == [0] * 6  # the padding row stays zeros
 
 

@@ -31,7 +31,8 @@ def step(s: Scheduler):
         r.num_computed_tokens += n
         s.kv.cache_full_blocks(r)
         if r.num_computed_tokens == r.num_tokens:
-            r.append_token(7)
+            r.output_token_ids.append(7)  # as Engine._accept_token adds a sampled token
+            r.all_token_ids.append(7)
             if r.num_output_tokens >= r.params.max_tokens:
                 s.remove(r)
                 r.status = RequestStatus.FINISHED

@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from inflight.schemas import PRIORITY_BATCH, InferenceRequest, SchemaError, encode, parse_batch_line
+from inflight.schemas.anthropic_batch import anthropic_batch_request
 
 
 def openai(url="/v1/completions", custom_id="line-1", **body):
@@ -74,6 +75,20 @@ def test_custom_id_is_salvaged_on_error():
     with pytest.raises(SchemaError) as info:
         parse_batch_line(openai(custom_id="keep-me", temperature=-1))
     assert info.value.request_id == "keep-me"
+
+
+def test_an_over_long_prompt_keeps_its_code_in_both_batch_formats():
+    """Each format names its own field path; the code (prompt_too_long) survives the rename."""
+    with pytest.raises(SchemaError) as info:
+        parse_batch_line(openai(prompt="x" * 50), line_no=3, max_prompt_chars=10)
+    assert (info.value.field, info.value.code) == ("body.prompt", "prompt_too_long")
+    assert str(info.value).startswith("line 3: body.prompt: ")
+    line = {"custom_id": "q1", "params": {"max_tokens": 4, "stop_sequences": ["a"],
+                                          "messages": [{"role": "user", "content": "x" * 50}]}}
+    with pytest.raises(SchemaError) as info:
+        anthropic_batch_request(line, orjson.dumps(line), request_id="b:q1", max_prompt_chars=10)
+    assert (info.value.field, info.value.code) == ("params.messages", "prompt_too_long")
+    assert info.value.request_id == "b:q1"
 
 
 def test_own_request_lines():
