@@ -1,9 +1,9 @@
 """Grouped reads for polls: concurrent lookups of requests by id share one SELECT.
 
 A poll of an unfinished request is a primary-key read. Done one by one, each costs a hop
-to a database thread and a round trip whose driver overhead is several times the
-database's own work (~0.5 ms of CPU in psycopg + SQLAlchemy, ~0.4 ms more in the thread
-hop under load). Here a lookup joins the pending group and one reader at a time fetches
+to a database thread and a round trip whose driver overhead (psycopg + SQLAlchemy, and
+the thread hop under load) is several times the database's own work. Here a lookup joins
+the pending group and one reader at a time fetches
 the whole group with `WHERE id IN (...)` (store.owned.request_views), like the submits'
 group commit (api/group_commit.py): a lone poll is read at once, and under load the group
 grows with the load instead of the queue of threads.

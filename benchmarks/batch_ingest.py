@@ -5,7 +5,7 @@ fast its output file is written, against the real embedded broker and Postgres.
         [--database-url postgresql+psycopg://postgres@127.0.0.1:5432/postgres] [--json out.json]
         [--plot out.png] [--profile DIR]
 
-Targets (issue 11): validate + enqueue >= 5,000 lines/s with peak RSS < 300 MB; the
+Targets: validate + enqueue >= 5,000 lines/s with peak RSS < 300 MB; the
 output file of all results written at >= 10,000 lines/s.
 
 Steps (each measured step runs in its own child process, so its peak RSS is its own):

@@ -8,7 +8,7 @@
    W4A16 (groups of 128) kernels with the tiles the wrapper picks, plus the best split-K
    of a sweep (to tune `pick_tiles`). Each is timed as a CUDA graph replay (the kernels'
    time, no launch overhead), and checked against its torch reference. Targets at batch 1
-   (issue 13): W4A16 >= 2.5x, W8A16 >= 1.5x bf16 over the layer.
+   (the targets): W4A16 >= 2.5x, W8A16 >= 1.5x bf16 over the layer.
 2. Decode steps (with --model-1b, a bf16 random-weight checkpoint of that shape, e.g. from
    benchmarks/gpu/make_model.py): the folder quantized to w8 and w4-g128 by round-to-nearest
    on the GPU, each served by the engine in bf16 (CUDA graphs as configured) at batch 1, 16

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/prefix_cache.py [--json out.json] [--plot out.png]
 
-Workload 1 (issue 4): 64 requests sharing one 512-token system prompt, each followed by a
+Workload 1: 64 requests sharing one 512-token system prompt, each followed by a
 distinct 32-128-token question, 64 output tokens each (greedy, ignore_eos), all submitted
 at once. Workload 2: the same shape with no shared prefix, to show what caching costs when
 nothing hits. Time to first token counts from submission, so it includes queueing.

@@ -8,7 +8,8 @@ worker of commit f1e85d1 beside this one (benchmarks/service_synthetic.py). The 
 this docstring is about the default, `--engine real`.
 
 On a small shared CPU box use `--threads 1`: with 2 OpenMP threads on 2 busy cores the
-engine's own step time swung 6x between identical runs, which swamps the comparison.
+engine's own step time swings several-fold between identical runs, which swamps the
+comparison (docs/benchmarks.md).
 
 Workload: the engine benchmark's (benchmarks/throughput.py `workload`, imported): 64 requests,
 prompt lengths uniform 16-256 tokens, output lengths lognormal (median 48, clipped
@@ -69,7 +70,7 @@ def in_thread(fn, threads: int):
 
     NOTE: the worker steps its engine in a thread of its own; the engine-alone run does the
     same, so both see the same OpenMP setup (the main thread's and a new thread's thread
-    counts differ, and that alone moved this benchmark by 2-4x on a loaded 2-core box)."""
+    counts differ, and that alone moved this benchmark several-fold on a loaded box)."""
     import torch
 
     box: dict = {}

@@ -215,8 +215,8 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
         [sys.executable, str(ROOT / "benchmarks" / "synthetic_worker.py"), "--report",
          str(report_path), "--max-num-seqs", str(args.concurrency), "--step-ms",
          str(args.step_ms)], cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
-    # NOTE: the load comes from librdkafka (~5 µs of CPU a request): kafka-python's producer
-    # took ~1 s of this 2-core box's CPU per 8,192 requests, away from the path measured
+    # NOTE: the load comes from librdkafka (little CPU a request): kafka-python's producer
+    # took a noticeable share of a small box's CPU, away from the path measured
     from confluent_kafka import Producer
 
     prod = Producer({**s.rdkafka_common(), "linger.ms": 5, "acks": "all"})
@@ -306,8 +306,8 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
         print(f"  {label}: latency p50 {out['p50_s']:.3f}s p99 {out['p99_s']:.3f}s", flush=True)
 
         if not args.skip_token_check:
-            # token events: on inflight.results.tokens since issue 10, on inflight.results
-            # before (f1e85d1); a worker uses one of the two
+            # token events: on inflight.results.tokens since the threaded worker, on
+            # inflight.results before (f1e85d1); a worker uses one of the two
             counts = count_tokens(s, s.topic_results_tokens, set(ids))
             if not counts:
                 counts = count_tokens(s, s.topic_results, set(ids))

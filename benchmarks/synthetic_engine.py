@@ -92,7 +92,7 @@ class SyntheticEngine:
         now = time.time()
         # NOTE: the measuring instrument must cost little next to the path it measures: per
         # token only a one-element list and a RequestOutput built from positional arguments
-        # (~1 µs a token; building token lists and keyword outputs cost ~2.5 µs)
+        # (building token lists and keyword outputs cost more than the path's own share)
         k, vocab, texts, prompt = self.k, self.vocab, self._texts, self.prompt_tokens
         done = []
         made = 0

@@ -5,7 +5,7 @@
         --num-requests 2048 --max-num-seqs 256 --max-num-batched-tokens 8192 \
         --kv-cache-mib 0 --hf-batch-size 64 --hf-num-requests 512
 
-Workload (issue 3): 64 requests, prompt lengths uniform 16-256 tokens, output lengths
+Workload: 64 requests, prompt lengths uniform 16-256 tokens, output lengths
 lognormal (median 48, clipped 8-256), greedy, ignore_eos, SmolLM2-135M fp32 on CPU. The
 baseline pads each static batch on the left and runs it to its longest output; both sides
 count only the tokens each request asked for. `--hf-num-requests N` runs the baseline on

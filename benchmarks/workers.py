@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/workers.py [--workers 1,2] [--num-requests 96] [--plot out.png]
 
 Everything real and deployed as processes: the embedded broker (Tansu), N worker processes
-(`python -m inflight.consumers.worker`, one torch thread each: one "GPU" each), the recorder process,
-SQLite (or --database-url). The model is a small random Llama written for the run (no
-download; --model PATH to use a real folder). The workload is the same for every N:
+(`python -m inflight.consumers.worker`, one torch thread each: one "GPU" each), the
+recorder process, SQLite (or --database-url). The model is a small random Llama written
+for the run (no download; --model PATH to use a real folder). The workload is the same for every N:
 greedy, ignore_eos, prompt and output lengths drawn once from --seed.
 
 Before the clock starts, warm-up requests go through the path until every worker has

@@ -49,8 +49,8 @@ class CancelListener:
     CATCH_UP_POLL_MS = 300   # a poll this long that returns nothing = caught up
     # NOTE: how long the broker may hold a fetch that finds nothing. poll() never waits, so
     # a cancel that lands while a fetch is held is read only when that fetch returns: at
-    # kafka-python's 500 ms default, a cancel took ~110 ms (median) to reach the worker on
-    # Tansu, long enough for a tiny model to finish what it was asked to stop; at 50 ms, ~10 ms.
+    # kafka-python's default a cancel reached the worker too late to stop a tiny model
+    # before it finished (docs/benchmarks.md, delivery path).
     FETCH_MAX_WAIT_MS = 50
 
     def __init__(self, settings: Settings, since: float | None = None):

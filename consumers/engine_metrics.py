@@ -35,7 +35,7 @@ def observe_many(histogram: Any, values: list[float], weights: list[int] | None 
     per bucket touched.
 
     NOTE: a prometheus_client histogram takes two locks and a linear bucket scan per
-    observe() (~2 us); at one inter-token observation per token that was a sixth of the
+    observe(); at one inter-token observation per token that was a large share of the
     worker's delivery cost. This adds to the child's bucket counters and sum directly
     (its `_upper_bounds`, `_buckets`, `_sum`), and falls back to observe() where a
     prometheus_client version lacks them."""

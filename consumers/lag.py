@@ -5,8 +5,8 @@ a client of its own in a daemon thread every `interval_s` (the service's own con
 not thread-safe and never waits on this).
 
 NOTE: end offsets are for this metric and nothing else. The embedded broker (Tansu)
-reports them wrongly (README), so on it the figure is only indicative; no logic of the
-service may depend on end offsets or "latest".
+reports them wrongly (docs/deployment.md), so on it the figure is only indicative; no
+logic of the service may depend on end offsets or "latest".
 """
 
 from __future__ import annotations

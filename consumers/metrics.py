@@ -22,7 +22,7 @@ log = logging.getLogger("inflight.metrics")
 
 COUNTERS = ("received", "admitted", "completed", "failed", "cancelled", "dlq", "duplicates",
             "tokens_out", "commits", "rows_written", "db_retries", "rows_refused")
-# the worker's delivery path (issue 10)
+# the worker's delivery path
 COUNTERS += ("token_events", "send_retries", "send_errors", "handed_back", "rebalances")
 GAUGES = ("in_flight", "paused_partitions", "commit_lag")
 DOC = {
@@ -35,7 +35,7 @@ DOC = {
     "rows_refused": "rows the database refused (a stand-in row was stored instead)",
     "in_flight": "requests held in memory", "paused_partitions": "partitions paused for backpressure",
     "commit_lag": "polled offsets not yet committable (waiting for final acks)",
-    # the worker's delivery path (issue 10)
+    # the worker's delivery path
     "token_events": "coalesced token deltas published", "send_retries": "sends retried after "
     "a transient error", "send_errors": "sends refused or lost (a final is replaced by an error "
     "final, a DLQ copy loses its body, a token delta is dropped)",

@@ -280,7 +280,7 @@ class EventPublisher:
         st.ids, st.texts, st.dirty = [], [], False
         self._send_untracked(self.topic_tokens, st.key, value,
                              self._partition(self.topic_tokens, st.hash))
-        self._token_events += 1  # counted in tick(): Metrics.inc costs ~3 µs
+        self._token_events += 1  # added in tick(): a Metrics.inc per delta costs more
 
     def _flush_all(self) -> None:
         for st in self._dirty:

@@ -8,10 +8,10 @@ wrapping producers work with either.
     poll_acks(timeout)  the delivery callbacks run here, on the caller's thread (the publisher's)
     partitions_for, flush, close
 
-NOTE (why): kafka-python's producer cost ~60-85 µs of CPU per message between send() and
-the acknowledgement, mostly Python in its I/O thread fighting the publisher for the GIL:
-most of the worker's CPU at 100k tokens/s. librdkafka encodes, batches and sends in C
-threads that never take the GIL; a produce() costs a few µs.
+NOTE (why): kafka-python's producer spends Python CPU on every message between send()
+and the acknowledgement, mostly in its I/O thread fighting the publisher for the GIL: it
+was most of the worker's CPU at high token rates (docs/benchmarks.md, delivery path).
+librdkafka encodes, batches and sends in C threads that never take the GIL.
 
 NOTE (untracked sends): confluent-kafka takes the GIL back for every delivery report it
 hands to Python, and gives it up after, so each report is a GIL hand-over to whichever

@@ -70,8 +70,8 @@ def _clean(value: Any) -> Any:
 
 def _may_hold_nul(value: Any) -> bool:
     """NOTE: one C-speed serialization instead of a Python walk of every prompt token id
-    and usage field (the walk was ~10% of the recorder's CPU); a false "maybe" only costs
-    the walk."""
+    and usage field (the walk was a visible share of the recorder's CPU); a false "maybe"
+    only costs the walk."""
     try:
         return b"\\u0000" in orjson.dumps(value)
     except (orjson.JSONEncodeError, TypeError):

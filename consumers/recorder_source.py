@@ -6,7 +6,7 @@ kafka-python, as INFLIGHT_KAFKA_RECORDER_CONSUMER says.
     commit({TopicPartition: next offset})     (synchronous; KafkaError when refused)
     assignment() ─► {TopicPartition}           close()
 
-NOTE (why librdkafka): kafka-python fetched and parsed records in Python (~40 µs a record
+NOTE (why librdkafka): kafka-python fetched and parsed records in Python (the largest part
 of the recorder's CPU) and fetched only when asked, so every batch waited for a round
 trip; librdkafka prefetches and parses in C threads. The recorder reads no headers, so the
 records kafka-python could not parse (schemas.kafka_records) are nothing special here.

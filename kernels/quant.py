@@ -65,7 +65,8 @@ def dequantize_w4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
 def dequantize_w4_grouped(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                           group_size: int, dtype: torch.dtype) -> torch.Tensor:
     """`dequantize_w4`, bit for bit, in fewer and cheaper passes (what the engine's layers
-    call; ~10x faster on CPU for SmolLM2's MLP shapes): nibbles are unpacked into one int8
+    call: on CPU the repeated scale/zero tensors of the plain version were the cost of
+    dequantizing; docs/benchmarks.md): nibbles are unpacked into one int8
     buffer padded to whole groups, zeros subtracted in int8 through a [N, G, g] view (no
     repeated scale/zero tensors), then one fp32 multiply. qweight [N, K // 2] only."""
     n, half = qweight.shape

@@ -5,10 +5,10 @@
 
 They beat a 16-bit dense matmul only for a few rows and lose to dequantize-on-the-fly
 (`quant.dequantize_*` + F.linear) beyond that; in fp32 they are slower than dequantizing
-at any size. The row limits below are the crossovers measured on the 2-core dev box
-(`benchmarks/quantization.py --crossover`, SmolLM2-135M's projection shapes, one thread,
-dequantizing with `quant.dequantize_w4_grouped`): int8 packed wins up to 32 rows, int4
-packed up to about 64 (a tie there under load), dequantize + dense beyond.
+at any size. The row limits below are the crossovers that `benchmarks/quantization.py
+--crossover` finds (SmolLM2-135M's projection shapes, one thread, dequantizing with
+`quant.dequantize_w4_grouped`; figures in docs/benchmarks.md): packed up to the limit,
+dequantize + dense beyond.
 
 The int4 kernel wants its own weight layout (made by `_convert_weight_to_int4pack_for_cpu`),
 K a multiple of the group size and N a multiple of 16. A ragged last group (K = 576 in

@@ -206,8 +206,8 @@ def _choose_num_splits(programs: int, max_context: int, tile_n: int,
                        target: int | None = None) -> int:
     """Split each context into NUM_SPLITS ranges of tiles when the plain grid would leave
     the GPU short of programs: a small-batch decode is a pure stream of K/V reads, and a
-    few programs per KV head cannot keep enough loads in flight (issue 9: B=1 reached
-    1-7% of HBM with at most 8 splits). Double the splits while the grid is under
+    few programs per KV head cannot keep enough loads in flight (at most 8 splits left a
+    batch-1 decode far from HBM bandwidth). Double the splits while the grid is under
     PROGRAMS_PER_SM programs per SM and every split still has a tile of its own; a power
     of two (bounded compiles), <= MAX_SPLITS. No host sync: `max_context` comes from the
     block table's width, so an engine whose tables are as wide as the model's context

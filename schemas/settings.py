@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     kafka_ssl_cafile: str | None = None
     # Any other kafka-python option, as JSON: INFLIGHT_KAFKA_CLIENT_OPTIONS='{"request_timeout_ms": 30000}'
     kafka_client_options: dict[str, Any] = Field(default_factory=dict)
-    # The worker's results producer: confluent (librdkafka, ~100x less CPU per message) or
+    # The worker's results producer: confluent (librdkafka, far less CPU per message) or
     # kafka-python; any other librdkafka setting of it, as JSON:
     # INFLIGHT_KAFKA_RDKAFKA_OPTIONS='{"linger.ms": 5, "socket.keepalive.enable": true}'
     kafka_worker_producer: Literal["confluent", "kafka-python"] = "confluent"

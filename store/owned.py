@@ -28,7 +28,7 @@ VIEW_COLUMNS = (RequestRow.id, RequestRow.owner, RequestRow.status, RequestRow.b
                 RequestRow.created_at, RequestRow.started_at, RequestRow.finished_at,
                 RequestRow.logprobs)
 # NOTE: built once. Building a select per call costs more CPU than the query itself
-# (~0.3 ms: SQLAlchemy derives the statement's cache key on each new object).
+# (SQLAlchemy derives the statement's cache key on each new object).
 _VIEW_BY_ID = select(*VIEW_COLUMNS).where(RequestRow.id == bindparam("rid"))
 _VIEWS_BY_IDS = select(*VIEW_COLUMNS).where(RequestRow.id.in_(bindparam("rids", expanding=True)))
 

@@ -238,9 +238,9 @@ class Store(BatchQueries, FileQueries):
 
         NOTE (why): the statement text never changes (psycopg parses it once, Postgres
         plans it once) and each row costs a few list appends. The executemany form sent
-        one INSERT per row, which cost Postgres ~0.3 ms of CPU a row and SQLAlchemy ~0.1 ms
-        of the recorder's; a multi-VALUES INSERT (insertmanyvalues) saved the server's
-        share but psycopg re-parsed its ever-different text (~0.5 ms a row).
+        one INSERT per row, each parsed and planned by Postgres and parameter-processed by
+        SQLAlchemy in the recorder; a multi-VALUES INSERT (insertmanyvalues) saved the
+        server's share but psycopg re-parsed its ever-different text (docs/benchmarks.md).
         """
         if self._pg_upsert is None:
             table = RequestRow.__table__
@@ -316,7 +316,7 @@ class Store(BatchQueries, FileQueries):
             values.append(full)
         table = RequestRow.__table__
         # NOTE: executemany (one cached statement; SQLAlchemy batches it as "insertmanyvalues"),
-        # not .values([...]): compiling a 500-row VALUES list cost ~2 ms per row.
+        # not .values([...]): compiling a long VALUES list costs more than the rows' insert.
         stmt = self._insert(table).on_conflict_do_nothing(index_elements=[table.c.id])
         with self.session() as s:
             s.execute(stmt, values)

@@ -10,7 +10,7 @@
 #   .gpu/tokenizer/ the tokenizer files of the converted default model (SmolLM2-135M), for
 #                   the random-weight checkpoints run_all.sh builds there
 # The GPU image already has torch, triton, transformers, tokenizers, safetensors, numpy,
-# pytest, pytest-timeout, hypothesis, jinja2 (benchmarks/gpu/README section in README.md).
+# pytest, pytest-timeout, hypothesis, jinja2 (docs/gpu-check.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}

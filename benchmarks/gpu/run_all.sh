@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check (issue 9 and the engine's GPU figures) in ONE device call of <= 9 minutes.
+# The GPU check (the GPU decode step and the engine's GPU figures; docs/gpu-check.md) in ONE
+# device call of <= 9 minutes.
 #
 #   here:        bash benchmarks/gpu/prepare.sh          (wheels -> .whl/, tokenizer -> .gpu/)
 #   device run:  command "bash benchmarks/gpu/run_all.sh", carry [".whl", ".gpu"], timeout_s 570
@@ -16,7 +17,7 @@
 #   quant-tests the W8A16 / W4A16 kernel tests on CUDA (tests/kernels/test_quant_matmul.py)
 #   quant       benchmarks/bench_quant_gemm.py: the 1B shape's GEMMs at batch 1/16/64 vs bf16
 #               cuBLAS (CUDA-graph replay), then decode ms/step of the 1B model quantized
-#               w8 / w4-g128 (round-to-nearest on the GPU) vs bf16 (issue 13)
+#               w8 / w4-g128 (round-to-nearest on the GPU) vs bf16
 # Everything lands in $OUT (at most 8 files come back): run_all.log (all output),
 # summary.md (the tables), results.json (all figures).
 #
@@ -124,7 +125,7 @@ done
 # -- kernels ---------------------------------------------------------------------------------
 stage kernels 120 "$PY" benchmarks/bench_kernels.py --quick --json "$WORK/json/kernels.json"
 
-# -- quantized GEMMs and decode steps (issue 13) ------------------------------------------------
+# -- quantized GEMMs and decode steps ------------------------------------------------------------
 if [ "$SMOKE" = 1 ]; then
     stage quant-tests 120 env TRITON_INTERPRET=1 "$PY" -m pytest -q -p no:cacheprovider \
         tests/kernels/test_quant_matmul.py -k "w8a16 and dtype0 and 1-96-192"

@@ -34,11 +34,11 @@ DEMO_PROMPTS = [
     "List three prime numbers.",
 ]
 
-# How to try the HTTP API against a running broker, worker and recorder (README: HTTP API).
+# How to try the HTTP API against a running broker, worker and recorder (docs/http-api.md).
 API_HINT = """the same over HTTP (api/; OpenAI-compatible, OpenAPI at /openapi.json):
   KEY=$(inflight keys create me --json | python -c 'import json,sys; print(json.load(sys.stdin)["key"])')
   inflight api --port 8000 &
-  curl -s -H "Authorization: Bearer $KEY" localhost:8000/v1/requests -d '{"prompt": "Hi", "params": {"max_tokens": 16}}'
+  curl -s -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" localhost:8000/v1/requests -d '{"prompt": "Hi", "params": {"max_tokens": 16}}'
   curl -s -H "Authorization: Bearer $KEY" localhost:8000/v1/requests/ID     # poll; /events streams (SSE)
   or OpenAI(base_url="http://localhost:8000/v1", api_key=KEY).chat.completions.create(...)"""
 
