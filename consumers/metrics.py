@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 log = logging.getLogger("inflight.metrics")
 
 COUNTERS = ("received", "admitted", "completed", "failed", "cancelled", "dlq", "duplicates",
-            "tokens_out", "commits", "rows_written", "db_retries", "rows_refused")
+            "tokens_out", "commits", "rows_written", "db_retries", "rows_refused",
+            "records_skipped")
 # the worker's delivery path
 COUNTERS += ("token_events", "send_retries", "send_errors", "handed_back", "rebalances")
 GAUGES = ("in_flight", "paused_partitions", "commit_lag")
@@ -33,6 +34,7 @@ DOC = {
     "tokens_out": "output tokens published", "commits": "offset commits",
     "rows_written": "rows upserted into the store", "db_retries": "database writes retried",
     "rows_refused": "rows the database refused (a stand-in row was stored instead)",
+    "records_skipped": "records the recorder could not turn into a row (logged and skipped)",
     "in_flight": "requests held in memory", "paused_partitions": "partitions paused for backpressure",
     "commit_lag": "polled offsets not yet committable (waiting for final acks)",
     # the worker's delivery path

@@ -22,9 +22,7 @@ import signal
 import time
 from typing import Any
 
-import orjson
 from kafka.errors import CommitFailedError, KafkaError
-from sqlalchemy.exc import DBAPIError, OperationalError
 
 from inflight.consumers.lag import LagProbe
 from inflight.consumers.metrics import Metrics
@@ -33,6 +31,8 @@ from inflight.schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, Sta
                      decode_request, decode_result)
 from inflight.schemas.errors import StoreError
 from inflight.store import Store, error_row, final_row, queued_row, running_row, stand_in_rows
+from inflight.store.queries import is_transient
+from inflight.store.rows import clean_row
 
 log = logging.getLogger("inflight.recorder")
 
@@ -47,41 +47,6 @@ class _Stopping(Exception):
 
 def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
-
-
-def is_transient(exc: StoreError) -> bool:
-    """The database is away or the connection broke (retry), as opposed to refusing data."""
-    cause = exc.__cause__
-    return isinstance(cause, OperationalError) or (
-        isinstance(cause, DBAPIError) and cause.connection_invalidated)
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd") if "\x00" in value else value
-    if isinstance(value, (dict, list)) and not _may_hold_nul(value):
-        return value
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
-
-def _may_hold_nul(value: Any) -> bool:
-    """NOTE: one C-speed serialization instead of a Python walk of every prompt token id
-    and usage field (the walk was a visible share of the recorder's CPU); a false "maybe"
-    only costs the walk."""
-    try:
-        return b"\\u0000" in orjson.dumps(value)
-    except (orjson.JSONEncodeError, TypeError):
-        return True
-
-
-def clean_row(row: dict[str, Any]) -> dict[str, Any]:
-    """NUL characters (a model can emit them) are not storable in Postgres text/JSONB:
-    they become U+FFFD in text; `output_token_ids` keeps the exact output."""
-    return {k: (v if k == "output_token_ids" else _clean(v)) for k, v in row.items()}
 
 
 class Recorder:
@@ -139,11 +104,12 @@ class Recorder:
                 n += 1
                 try:
                     row = self._row(tp.topic, value)
-                except (ValueError, TypeError, OverflowError) as exc:
+                except Exception as exc:  # noqa: BLE001 — one record never stops the others
                     # NOTE: a message that passed validation but still cannot become a row
                     # must not crash the recorder at every restart (a poison pill)
-                    log.error("no row from %s/%d@%d: %s; skipped", tp.topic, tp.partition,
-                              offset, exc)
+                    self.metrics.inc("records_skipped")
+                    log.error("no row from %s/%d@%d: %s: %s; skipped", tp.topic, tp.partition,
+                              offset, type(exc).__name__, exc)
                     continue
                 if row is not None:
                     rows.append(row)
@@ -228,6 +194,8 @@ class Recorder:
                 self.metrics.inc("db_retries")
                 log.warning("database write failed (%s); retrying in %.1fs, offsets held",
                             _first_line(exc), delay)
+            except Exception as exc:  # noqa: BLE001 — a value no driver can take: refused data
+                return StoreError(f"{type(exc).__name__}: {exc}")
             if self._stopping:
                 raise _Stopping
             time.sleep(delay)

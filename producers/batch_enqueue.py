@@ -99,6 +99,13 @@ def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes]) -> str
                 n_bad += 1
                 if len(errors) < MAX_RECORDED_ERRORS:
                     errors.append(LineError(no, e.message, e.code, e.field).to_json())
+            except (ValueError, TypeError, UnicodeError, OverflowError) as e:
+                # a line the checks let through and the encoder refused: it fails here, with
+                # its number, not later in a loop that serves every batch
+                n_bad += 1
+                if len(errors) < MAX_RECORDED_ERRORS:
+                    errors.append(LineError(no, f"line {no}: cannot be encoded "
+                                            f"({type(e).__name__}: {e})").to_json())
         if no % PROGRESS_EVERY == 0:
             if not store.set_batch_fields(b.id, only_if_status=[VALIDATING], lines_validated=no):
                 return "stopped"  # cancelled meanwhile

@@ -106,7 +106,11 @@ class LineChecker:
                               request_id=e.request_id, code=e.code) from None
 
     def _convert(self, raw: bytes) -> Checked:
-        data, obj = load_object(raw, max_bytes=self.max_line_bytes, what="batch line")
+        # NOTE: the one parser (schemas.json_text) that enqueue and the output writer use
+        # too: a BOM is dropped; bytes that are not UTF-8, a lone surrogate or a NUL are
+        # refused here, so nothing that passes can fail later for its encoding
+        data, obj = load_object(raw, max_bytes=self.max_line_bytes, what="batch line",
+                                forbid_nul=True)
         cid = obj.get("custom_id")
         if not isinstance(cid, str) or not cid or len(cid) > MAX_CUSTOM_ID:
             raise SchemaError(f"custom_id: give a non-empty string of at most {MAX_CUSTOM_ID} "

@@ -22,6 +22,7 @@ expired.
 from __future__ import annotations
 
 import hashlib
+import logging
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,10 +33,13 @@ import orjson
 
 from inflight.schemas.anthropic_batch import MESSAGES_URL
 from inflight.schemas.batch import CHAT_URL
+from inflight.schemas.json_text import parse_json
 from inflight.store import BatchRow, Store
 from inflight.store.models import CANCELLED, COMPLETED, EXPIRED, FAILED
 
 from inflight.producers.batch_lines import request_id_for
+
+log = logging.getLogger("inflight.batch")
 
 PAGE = 1000  # input lines (and request rows fetched) per round trip
 
@@ -138,6 +142,22 @@ def anthropic_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, mode
                                                             "message": row.get("error") or code}}}}
 
 
+def _unwritable(custom_id: str, rid: str, anthropic: bool,
+                exc: BaseException) -> tuple[bytes, bool]:
+    """(line, goes to the error file) for a request whose stored result could not be
+    formatted: a failed result that says so."""
+    message = (f"the stored result of this request could not be written ({type(exc).__name__}); "
+               "the server log has the details under the request id")
+    if anthropic:
+        return orjson.dumps({"custom_id": custom_id, "result": {"type": "errored", "error": {
+            "type": "error", "error": {"type": "api_error", "message": message}}}}), False
+    return orjson.dumps({"id": _hid("batch_req_", rid), "custom_id": custom_id,
+                         "response": {"status_code": 500, "request_id": rid, "body": {"error": {
+                             "message": message, "type": "server_error", "param": None,
+                             "code": "result_unwritable"}}},
+                         "error": None}), True
+
+
 class LostLease(Exception):
     """Raised inside the writer when another sweeper took the batch over."""
 
@@ -165,10 +185,11 @@ def _outcome(row: dict[str, Any] | None, batch_status: str) -> str:
 def _pages(store: Store, batch: BatchRow) -> Iterator[list[tuple[str, str, str]]]:
     """Pages of (custom_id, request_id, model) in input order (non-blank lines)."""
     page: list[tuple[str, str, str]] = []
-    for _, raw in store.iter_file_lines(batch.input_file_id):  # type: ignore[arg-type]
+    for no, raw in store.iter_file_lines(batch.input_file_id):  # type: ignore[arg-type]
         if not raw.strip():
             continue
-        obj = orjson.loads(raw)
+        # the parser validation used: what passed it reads the same here
+        obj = parse_json(raw, what=f"input line {no}")
         cid = obj["custom_id"]
         body = obj.get("params") if batch.endpoint == MESSAGES_URL else obj.get("body")
         model = body.get("model") if isinstance(body, dict) else None
@@ -214,19 +235,28 @@ def write_results(store: Store, batch: BatchRow, *, default_model: str, final_st
             for cid, rid, model in page:
                 row = rows.get(rid)
                 counts["lines"] += 1
-                outcomes[_outcome(row, final_status)] += 1
-                if anthropic:
-                    out.append(orjson.dumps(anthropic_line(cid, rid, row, model=model or default_model,
-                                                           batch_status=final_status)))
-                    continue
-                line, is_error = openai_line(cid, rid, row, endpoint=batch.endpoint or CHAT_URL,
-                                             model=model or default_model,
-                                             batch_status=final_status)
+                try:
+                    outcome = _outcome(row, final_status)
+                    if anthropic:
+                        data = orjson.dumps(anthropic_line(cid, rid, row, model=model or default_model,
+                                                           batch_status=final_status))
+                        is_error = False
+                    else:
+                        line, is_error = openai_line(cid, rid, row,
+                                                     endpoint=batch.endpoint or CHAT_URL,
+                                                     model=model or default_model,
+                                                     batch_status=final_status)
+                        data = orjson.dumps(line)
+                except Exception as exc:  # noqa: BLE001 — one unreadable row, not the batch
+                    log.error("batch %s: the result of request %s cannot be written (%s: %s); "
+                              "it is reported as failed", batch.id, rid, type(exc).__name__, exc)
+                    outcome, (data, is_error) = FAILED, _unwritable(cid, rid, anthropic, exc)
+                outcomes[outcome] += 1
                 if is_error:
                     counts["errors"] += 1
-                    spool.write(orjson.dumps(line) + b"\n")
+                    spool.write(data + b"\n")
                 else:
-                    out.append(orjson.dumps(line))
+                    out.append(data)
             if out:
                 yield b"\n".join(out) + b"\n"
 

@@ -18,6 +18,7 @@ from inflight.store.models import utcnow
 
 from inflight.producers.batch_context import (JobContext, dispatch_marker, end_requests, expired,
                                      open_request_ids)
+from inflight.producers.batch_faults import fail_batch, reason_of, transient
 from inflight.producers.batch_output import LostLease, write_results
 
 log = logging.getLogger("inflight.batch")
@@ -31,6 +32,8 @@ class SweepReport:
     cancelled: list[str] = field(default_factory=list)
     redispatched: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)   # another sweeper held the lease
+    deferred: list[str] = field(default_factory=list)  # database or broker away: next pass
+    failed: list[str] = field(default_factory=list)    # raised: marked failed (batch_faults)
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
@@ -41,7 +44,8 @@ def sweep(ctx: JobContext, *, dispatch_enqueue: Callable[[str], None] | None = N
     """One pass over every open batch (or `batch_ids`): refresh counts; finalize batches
     whose requests are all final; expire those past their window; end cancels; send the
     enqueue task again for batches whose enqueue died (no lease, no progress for a lease
-    period). Idempotent; safe to run in several processes at once."""
+    period). Idempotent; safe to run in several processes at once. A batch that raises is
+    marked failed with the reason (producers.batch_faults) and the pass goes on."""
     report = SweepReport()
     ids = (list(batch_ids) if batch_ids is not None else
            ctx.store.batch_ids([VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING]))
@@ -51,6 +55,12 @@ def sweep(ctx: JobContext, *, dispatch_enqueue: Callable[[str], None] | None = N
             _sweep_one(ctx, bid, report, dispatch_enqueue)
         except LostLease:
             report.busy.append(bid)
+        except Exception as exc:  # noqa: BLE001 — one batch never stops the sweep of the others
+            if transient(exc):
+                log.warning("batch %s: %s; the next sweep retries it", bid, reason_of(exc))
+                report.deferred.append(bid)
+            elif fail_batch(ctx, bid, exc, "sweep"):
+                report.failed.append(bid)
     return report
 
 

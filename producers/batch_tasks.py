@@ -7,7 +7,9 @@ Tasks (names in producers.celery_app):
 
 - `inflight.batch.enqueue(batch_id)`: validate_and_enqueue. acks_late: a worker lost
   mid-task has its message redelivered (Redis); a batch held by another task is retried
-  later; an unreachable broker or database is retried with backoff.
+  later; an unreachable broker or database is retried with backoff (TRANSIENT_RETRIES
+  times); any other exception marks that batch `failed` with the reason
+  (producers.batch_faults).
 - `inflight.batch.sweep()`: one sweep pass, every INFLIGHT_BATCH_SWEEP_INTERVAL_S (beat).
 
 Each process opens its own Store and Kafka producer on first use (after the fork of a
@@ -27,9 +29,10 @@ from typing import Any
 from celery import Celery
 
 from inflight.schemas import Settings
-from inflight.schemas.errors import BrokerError, NotFoundError, Retry, StoreError
+from inflight.schemas.errors import NotFoundError, Retry
 from inflight.store import Store
 
+from inflight.producers.batch_faults import fail_batch, reason_of, transient
 from inflight.producers.batch_jobs import JobContext, sweep, validate_and_enqueue
 from inflight.producers.batch_lines import context_length
 from inflight.producers.celery_app import ENQUEUE_TASK, SWEEP_TASK, celery_app, send_enqueue
@@ -89,12 +92,19 @@ def worker_app(settings: Settings, *, model_dir: Path | None = None,
             return "not found"
         except Retry as exc:
             raise self.retry(countdown=exc.delay, exc=exc) from exc
-        except (BrokerError, StoreError) as exc:
-            if self.request.retries >= TRANSIENT_RETRIES:
-                raise
-            delay = min(2 ** self.request.retries, 60)
-            log.warning("enqueue %s: %s; retrying in %ss", batch_id, exc, delay)
-            raise self.retry(countdown=delay, exc=exc) from exc
+        except Exception as exc:  # noqa: BLE001 — one batch's failure is that batch's
+            if transient(exc) and self.request.retries < TRANSIENT_RETRIES:
+                delay = min(2 ** self.request.retries, 60)
+                log.warning("enqueue %s: %s; retrying in %ss", batch_id, reason_of(exc), delay)
+                raise self.retry(countdown=delay, exc=exc) from exc
+            # a bug, a line that passed validation and still broke, or a broker/database
+            # away for longer than the retries: the batch says so instead of hanging
+            try:
+                fail_batch(res.ctx(), batch_id, exc, "validate and enqueue")
+            except Exception:  # noqa: BLE001 — no store to record it in: the log has it
+                log.exception("enqueue %s: failed, and the failure could not be recorded",
+                              batch_id)
+            return "failed"
         log.info("enqueue %s: %s", batch_id, outcome)
         return outcome
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import json
-
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from inflight.schemas.base import ID_RE, MAX_ID_LEN, FieldError
 from inflight.schemas.errors import SchemaError
 from inflight.schemas.events import ResultEvent
+from inflight.schemas.json_text import parse_json
 from inflight.schemas.params import SamplingParamsError
 from inflight.schemas.requests import InferenceRequest
 
@@ -52,8 +51,9 @@ def _as_bytes(raw: Any) -> bytes:
     raise SchemaError(f"expected bytes, got {type(raw).__name__}", raw=None)
 
 
-def load_object(raw: Any, *, max_bytes: int | None, what: str) -> tuple[bytes, dict[str, Any]]:
-    """Bytes → a JSON object (dict), or SchemaError."""
+def load_object(raw: Any, *, max_bytes: int | None, what: str,
+                forbid_nul: bool = False) -> tuple[bytes, dict[str, Any]]:
+    """Bytes → a JSON object (dict), or SchemaError (schemas.json_text: the one parser)."""
     data = _as_bytes(raw)
     if max_bytes is not None and len(data) > max_bytes:
         rid = None
@@ -65,24 +65,13 @@ def load_object(raw: Any, *, max_bytes: int | None, what: str) -> tuple[bytes, d
                           "(setting INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten the prompt",
                           raw=data, field="message", request_id=rid, code="message_too_large")
     try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError as e:
-        obj = _lenient(data)
-        if obj is None:
-            raise SchemaError(f"{what} is not valid JSON (UTF-8): {e}", raw=data) from None
-        # Only NaN/Infinity literals were wrong: validation below names the field that has one.
+        obj = parse_json(data, what=what, forbid_nul=forbid_nul)
+    except SchemaError as e:
+        # the wire's ErrorEvent code stays invalid_request; the message says what is wrong
+        raise SchemaError(e.message, raw=data, field=e.field) from None
     if not isinstance(obj, dict):
         raise SchemaError(f"{what} must be a JSON object, got {type(obj).__name__}", raw=data)
     return data, obj
-
-
-def _lenient(data: bytes) -> Any:
-    """Parse JSON that has NaN/Infinity literals (the stdlib accepts them), else None."""
-    try:
-        obj = json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 def _short(value: Any) -> str:

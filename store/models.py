@@ -11,6 +11,8 @@ Batch states (OpenAI's), in the only directions a row may move (BATCH_PREDECESSO
         │  │            │  └─────────────────────► expired
         │  └────────────┴──► cancelling ─────────► cancelled
         └──► failed            (validating ──► expired | cancelling too)
+    failed also from in_progress, finalizing and cancelling: a batch whose own processing
+    broke (producers.batch_faults) ends there with the reason, and the sweep goes on.
 
 JSON columns are `JSON` everywhere and `JSONB` on Postgres. Timestamps are timezone-aware
 UTC datetimes on both backends.
@@ -43,7 +45,7 @@ BATCH_FINAL_STATUSES = frozenset({FAILED, COMPLETED, EXPIRED, CANCELLED})
 # so two processes racing on one batch cannot both move it, and nothing moves backwards.
 BATCH_PREDECESSORS: dict[str, frozenset[str]] = {
     IN_PROGRESS: frozenset({VALIDATING}),
-    FAILED: frozenset({VALIDATING}),
+    FAILED: frozenset({VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING}),
     FINALIZING: frozenset({IN_PROGRESS}),
     COMPLETED: frozenset({FINALIZING}),
     EXPIRED: frozenset({VALIDATING, IN_PROGRESS}),

@@ -99,6 +99,14 @@ def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     return old | fills
 
 
+def is_transient(exc: BaseException) -> bool:
+    """A StoreError because the database is away or the connection broke (retry it), as
+    opposed to the database refusing the data (retrying the same data fails again)."""
+    cause = exc.__cause__
+    return isinstance(exc, StoreError) and (isinstance(cause, OperationalError) or (
+        isinstance(cause, DBAPIError) and cause.connection_invalidated))
+
+
 class Store(BatchQueries, FileQueries):
     """The SQL store (requests here; batches in store.batch_queries, files in store.files). `Store(url)` expects migrated tables (run `inflight db upgrade`);
     `Store(url, create=True)` runs the Alembic migrations first (tests, embedded SQLite)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+import orjson
+
 from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_STORE_REJECTED, ErrorEvent,
                             FinalEvent)
 from inflight.schemas.requests import InferenceRequest
@@ -95,3 +97,31 @@ def stand_in_rows(row: dict[str, Any], reason: str) -> list[dict[str, Any]]:
             "finished_at": row.get("finished_at") or datetime.now(timezone.utc)}
     keep = ("batch_id", "worker", "usage", "timings", "started_at")
     return [bare | {k: row.get(k) for k in keep}, bare]
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, (dict, list)) and not _may_hold_nul(value):
+        return value
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _may_hold_nul(value: Any) -> bool:
+    """NOTE: one C-speed serialization instead of a Python walk of every prompt token id
+    and usage field (the walk was a visible share of the recorder's CPU); a false "maybe"
+    only costs the walk."""
+    try:
+        return b"\\u0000" in orjson.dumps(value)
+    except (orjson.JSONEncodeError, TypeError):
+        return True
+
+
+def clean_row(row: dict[str, Any]) -> dict[str, Any]:
+    """NUL characters (a model can emit them) are not storable in Postgres text/JSONB:
+    they become U+FFFD in text; `output_token_ids` keeps the exact output."""
+    return {k: (v if k == "output_token_ids" else _clean(v)) for k, v in row.items()}
