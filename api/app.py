@@ -24,7 +24,9 @@ from inflight.api.cache import FinalAnswers
 from inflight.api.context import ApiContext, StreamSlots, db_slots
 from inflight.api.limits import BodyLimitMiddleware
 from inflight.api.metrics import ApiMetrics, MetricsMiddleware
-from inflight.api.routes import batches, chat, files, health, message_batches, requests
+from inflight.api.routes import (batches, chat, completions, files, health, message_batches,
+                                 models, requests)
+from inflight.api.served import ServedModels
 from inflight.producers import Client
 from inflight.schemas import Settings
 from inflight.schemas.errors import ConfigError, InflightError
@@ -77,7 +79,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                    streams=StreamSlots(settings.api_max_streams, metrics),
                                    metrics=metrics,
                                    finals=FinalAnswers(settings.api_final_cache_bytes),
-                                   db_slots=slots)
+                                   db_slots=slots,
+                                   models=await to_thread.run_sync(ServedModels, settings))
         try:
             yield
         finally:
@@ -92,7 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "batches, Anthropic message batches. Every route but /healthz "
                               "and /metrics needs an API key.")
     errors.install(app)
-    for module in (health, requests, chat, files, batches, message_batches):
+    for module in (health, models, requests, chat, completions, files, batches, message_batches):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, body_bytes=settings.api_max_body_bytes,
                        upload_bytes=settings.api_max_upload_bytes)

@@ -18,6 +18,7 @@ from inflight.api.errors import APIError
 from inflight.api.group_commit import ClaimQueue
 from inflight.api.group_read import ViewQueue
 from inflight.api.metrics import ApiMetrics
+from inflight.api.served import ServedModels
 from inflight.producers import Client
 from inflight.schemas import InferenceRequest, Settings
 from inflight.schemas.errors import BrokerError
@@ -88,6 +89,7 @@ class ApiContext:
     metrics: ApiMetrics
     finals: FinalAnswers
     db_slots: anyio.CapacityLimiter
+    models: ServedModels
     claims: ClaimQueue = field(init=False)
     views: ViewQueue = field(init=False)
 

@@ -24,18 +24,32 @@ async def context(request: Request) -> ApiContext:
     return request.app.state.ctx
 
 
-async def principal(request: Request,
-                    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-                    x_api_key: Annotated[str | None, Depends(_x_api_key)]) -> Principal:
+async def authenticate(request: Request) -> Principal:
+    """The caller, from the request's headers alone (api.routing runs this before a body
+    is read): `Authorization: Bearer <key>` or `x-api-key: <key>`."""
     ctx: ApiContext = request.app.state.ctx
     if ctx.keys is None:
         return ANONYMOUS
-    token = bearer.credentials if bearer is not None else x_api_key
+    token = None
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        token = credentials.strip()
+    elif request.headers.get("x-api-key"):
+        token = request.headers["x-api-key"]
     try:
         return await ctx.keys.authenticate(token)
     except APIError:
         ctx.metrics.inc("auth_failures")
         raise
+
+
+async def principal(request: Request,
+                    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+                    x_api_key: Annotated[str | None, Depends(_x_api_key)]) -> Principal:
+    """The caller api.routing authenticated (the security schemes above only describe the
+    headers in the OpenAPI document)."""
+    found = getattr(request.state, "principal", None)
+    return found if found is not None else await authenticate(request)
 
 
 Ctx = Annotated[ApiContext, Depends(context)]

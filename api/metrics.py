@@ -15,8 +15,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("inflight.api")
 
-NAMED = ("submitted", "submit_groups", "poll_groups", "duplicates", "cancels", "chat_completions", "streams_opened",
-         "auth_failures", "files_uploaded", "batches_created")
+NAMED = ("submitted", "submit_groups", "poll_groups", "duplicates", "cancels", "chat_completions",
+         "completions", "streams_opened", "auth_failures", "files_uploaded", "files_deleted",
+         "batches_created", "broker_fast_fails")
 
 
 class ApiMetrics:

@@ -160,6 +160,11 @@ class Engine:
         bad = next((t for t in req.prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             return ERR_INVALID_REQUEST, f"prompt token id {bad} is outside the vocabulary [0, {vocab})"
+        stop = req.params.stop_token_ids
+        i = next((i for i, t in enumerate(stop) if not 0 <= t < vocab), None)
+        if i is not None:
+            return ERR_INVALID_REQUEST, (f"stop_token_ids[{i}]={stop[i]} is outside the model's "
+                                         f"vocabulary [0, {vocab}): it could never be sampled")
         if n >= ctx:
             return ERR_PROMPT_TOO_LONG, (f"the prompt has {n} tokens but the model context is {ctx} tokens "
                     "(room for at least one output token is needed): shorten the prompt")

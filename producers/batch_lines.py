@@ -100,12 +100,14 @@ class LineChecker:
     def check(self, line_no: int, raw: bytes) -> Checked:
         """(custom_id, request) of line `line_no`, or SchemaError('line N: ...')."""
         try:
-            return self._convert(raw)
+            return self.convert(raw)
         except SchemaError as e:
             raise SchemaError(f"line {line_no}: {e.message}", raw=e.raw, field=e.field,
                               request_id=e.request_id, code=e.code) from None
 
-    def _convert(self, raw: bytes) -> Checked:
+    def convert(self, raw: bytes) -> Checked:
+        """(custom_id, request) of one line, or SchemaError naming the line's field (the
+        API checks the requests of a message batch with it before creating the batch)."""
         # NOTE: the one parser (schemas.json_text) that enqueue and the output writer use
         # too: a BOM is dropped; bytes that are not UTF-8, a lone surrogate or a NUL are
         # refused here, so nothing that passes can fail later for its encoding

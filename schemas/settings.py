@@ -14,6 +14,11 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+# NOTE: the same name as inflight.engine.model_folder.DEFAULT_MODEL_NAME (the wire does not
+# import the engine's model code); tests/schemas check that they agree.
+BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
 def _data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "inflight"
@@ -61,6 +66,9 @@ class Settings(BaseSettings):
 
     # --- model / engine ------------------------------------------------------------
     model_path: str | None = None  # a Hugging Face folder; None = the bundled SmolLM2-135M
+    # the model id clients see (GET /v1/models) and send as `model`; None = the name of the
+    # model folder (INFLIGHT_MODEL_PATH's, else the bundled model's). `default` always works.
+    served_model_name: str | None = None
     cache_dir: Path = Field(default_factory=_cache_dir)
     data_dir: Path = Field(default_factory=_data_dir)
     max_prompt_chars: int = 200_000
@@ -125,6 +133,10 @@ class Settings(BaseSettings):
     api_wait_timeout_s: float = 600.0          # chat completions: wait this long for the final event
     api_max_streams: int = 64                  # open SSE streams / waiting chat completions per process
     api_final_cache_bytes: int = 64_000_000    # answers of finished requests kept per process (0 = off)
+    # the public base URL of the API (https://inference.example.com) for links it hands out
+    # (a message batch's results_url); None = links relative to the API's root
+    api_public_url: str | None = None
+    api_publish_timeout_s: float = 10.0        # a submit waits this long for Kafka's ack (then 503)
 
     def kafka_common(self) -> dict[str, Any]:
         """kafka-python keyword arguments shared by producers, consumers and admin clients."""

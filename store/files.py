@@ -17,10 +17,11 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select, tuple_, update
 
 from inflight.schemas.errors import NotFoundError
-from inflight.store.models import FILE_UPLOADED, FILE_UPLOADING, FileChunkRow, FileRow, utcnow
+from inflight.store.models import (BATCH_FINAL_STATUSES, FILE_UPLOADED, FILE_UPLOADING, BatchRow,
+                                   FileChunkRow, FileRow, utcnow)
 
 CHUNK_BYTES = 1 << 20  # 1 MiB per stored chunk
 
@@ -95,14 +96,20 @@ class FileQueries:
         return row
 
     def list_files(self, *, owner: str | None = None, purpose: str | None = None,
-                   limit: int = 100) -> list[FileRow]:
-        """Newest first."""
+                   limit: int = 100, after: str | None = None) -> list[FileRow]:
+        """Newest first; page with `after=<last id of the previous page>` (OpenAI's
+        cursor). An `after` that names no file starts from the newest."""
         q = select(FileRow).where(FileRow.status == FILE_UPLOADED)
         if owner is not None:
             q = q.where(FileRow.owner == owner)
         if purpose is not None:
             q = q.where(FileRow.purpose == purpose)
         with self.session() as s:  # type: ignore[attr-defined]
+            if after is not None:
+                cursor = s.get(FileRow, after)
+                if cursor is not None:
+                    q = q.where(tuple_(FileRow.created_at, FileRow.id)
+                                < tuple_(cursor.created_at, cursor.id))
             return list(s.scalars(q.order_by(FileRow.created_at.desc(), FileRow.id.desc())
                                   .limit(limit)).all())
 
@@ -134,6 +141,14 @@ class FileQueries:
             no += 1
             if no >= start:
                 yield no, tail
+
+    def file_in_use(self, file_id: str) -> str | None:
+        """The id of an open batch (not ended yet) that reads this file as its input, or
+        None: its validation, enqueue and result writing all read the input again."""
+        with self.session() as s:  # type: ignore[attr-defined]
+            return s.scalar(select(BatchRow.id).where(
+                BatchRow.input_file_id == file_id,
+                BatchRow.status.not_in(sorted(BATCH_FINAL_STATUSES))).limit(1))
 
     def delete_file(self, file_id: str) -> bool:
         """Remove a file and its content; False if there was none."""

@@ -118,7 +118,10 @@ class RequestRow(Base):
     logprobs: Mapped[Any | None] = mapped_column(JSONType)
     error: Mapped[str | None] = mapped_column(Text)
     error_code: Mapped[str | None] = mapped_column(String(64))
+    # admissions of the request by a worker (its status events), counted once each: a
+    # status event admitted after `attempt_started_at` is a new attempt (store.queries)
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    attempt_started_at: Mapped[datetime | None]
     worker: Mapped[str | None] = mapped_column(String(256))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

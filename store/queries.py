@@ -86,17 +86,26 @@ def _json(value: Any) -> str:
 
 
 def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
-    """The upsert's rule, in Python: fold duplicates of one id within one batch."""
+    """The upsert's rule, in Python: fold duplicates of one id within one batch (two
+    different attempts are never folded: _separate)."""
     if old is None:
         return new
     r_old, r_new = STATUS_RANK[old["status"]], STATUS_RANK[new["status"]]
     fills = {k: new[k] for k in _FILL_ONLY if old[k] is None and new[k] is not None}
+    attempt = {"attempts": max(old["attempts"], new["attempts"]),
+               "attempt_started_at": old["attempt_started_at"] or new["attempt_started_at"]}
     if r_new > r_old or (r_new == r_old and r_old < 2):
         return {k: (new[k] if new[k] is not None or k in _KEEP_ON_CONFLICT else old[k])
                 for k in new} | {k: old[k] for k in _FILL_ONLY} | fills | {
-                    "created_at": old["created_at"],
-                    "attempts": max(old["attempts"], new["attempts"])}
-    return old | fills
+                    "created_at": old["created_at"]} | attempt
+    return old | fills | attempt
+
+
+def _separate(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Two rows of one id that carry two different attempts: each must meet the stored row
+    on its own, so the upsert counts each once (and a replayed one not at all)."""
+    a, b = old["attempt_started_at"], new["attempt_started_at"]
+    return a is not None and b is not None and a != b
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -181,7 +190,10 @@ class Store(BatchQueries, FileQueries):
         Each row is a mapping of `requests` columns; `id` and `status` are required, the
         rest optional (see store.rows for builders). Returns the number of distinct ids sent.
         """
-        merged: dict[str, dict[str, Any]] = {}
+        # NOTE: rows of one id are folded into one (a statement may touch a row once),
+        # except two attempts of it, which go in successive rounds (statements)
+        rounds: list[dict[str, dict[str, Any]]] = [{}]
+        last: dict[str, int] = {}
         now = utcnow()
         for row in rows:
             unknown = set(row) - set(_REQUEST_COLUMNS)
@@ -196,26 +208,37 @@ class Store(BatchQueries, FileQueries):
             full["created_at"] = full["created_at"] or now
             full["attempts"] = full["attempts"] or 0
             full["updated_at"] = now
-            merged[full["id"]] = _merge(merged.get(full["id"]), full)
-        values = list(merged.values())
-        if not values:
+            rid = full["id"]
+            i = last.get(rid, 0)
+            cur = rounds[i].get(rid)
+            if cur is not None and _separate(cur, full):
+                i, cur = i + 1, None
+                if i == len(rounds):
+                    rounds.append({})
+            rounds[i][rid] = _merge(cur, full)
+            last[rid] = i
+        if not last:
             return 0
         if self.dialect == "postgresql":
             sql, columns = self._pg_upsert_sql()
             with self.session() as s:
                 conn = s.connection()
-                for start in range(0, len(values), PG_UPSERT_CHUNK):
-                    conn.exec_driver_sql(sql, columns(values[start:start + PG_UPSERT_CHUNK]))
-            return len(values)
+                for merged in rounds:
+                    values = list(merged.values())
+                    for start in range(0, len(values), PG_UPSERT_CHUNK):
+                        conn.exec_driver_sql(sql, columns(values[start:start + PG_UPSERT_CHUNK]))
+            return len(last)
         stmt = self._upsert_stmt()
         with self.session() as s:
-            for start in range(0, len(values), UPSERT_CHUNK):
-                # NOTE: one statement, many parameter sets: SQLAlchemy compiles it once and
-                # sends the rows as multi-VALUES batches ("insertmanyvalues"). Rows inlined
-                # with .values([...]) were compiled anew per batch: over half the recorder's
-                # time at a few thousand rows a second.
-                s.execute(stmt, values[start:start + UPSERT_CHUNK])
-        return len(values)
+            for merged in rounds:
+                values = list(merged.values())
+                for start in range(0, len(values), UPSERT_CHUNK):
+                    # NOTE: one statement, many parameter sets: SQLAlchemy compiles it once
+                    # and sends the rows as multi-VALUES batches ("insertmanyvalues"). Rows
+                    # inlined with .values([...]) were compiled anew per batch: over half the
+                    # recorder's time at a few thousand rows a second.
+                    s.execute(stmt, values[start:start + UPSERT_CHUNK])
+        return len(last)
 
     def _upsert_stmt(self) -> Any:
         """INSERT ... ON CONFLICT (id) DO UPDATE with the forward-only rule (built once)."""
@@ -230,10 +253,19 @@ class Store(BatchQueries, FileQueries):
                     for c in _REQUEST_COLUMNS
                     if c not in _KEEP_ON_CONFLICT and c not in _FILL_ONLY}
             set_ |= {c: func.coalesce(old[c], new[c]) for c in _FILL_ONLY}  # first wins
-            set_["attempts"] = case((forward, self._greatest(new.attempts, old.attempts)),
+            # an admission later than the last one counted is a new attempt, whatever the
+            # status (a request run again after its final event was written counts too); a
+            # replayed one is not later, so it counts nothing
+            new_attempt = new.attempt_started_at.is_not(None) & (
+                old.attempt_started_at.is_(None)
+                | (new.attempt_started_at > old.attempt_started_at))
+            set_["attempts"] = case((new_attempt, old.attempts + 1),
+                                    (forward, self._greatest(new.attempts, old.attempts)),
                                     else_=old.attempts)
+            set_["attempt_started_at"] = case((new_attempt, new.attempt_started_at),
+                                              else_=old.attempt_started_at)
             self._upsert = stmt.on_conflict_do_update(index_elements=[table.c.id], set_=set_,
-                                                      where=or_(forward, *fills))
+                                                      where=or_(forward, new_attempt, *fills))
         return self._upsert
 
     def _pg_upsert_sql(self) -> tuple[str, Any]:

@@ -35,10 +35,14 @@ def queued_row(req: InferenceRequest) -> dict[str, Any]:
             "created_at": _ts(req.submitted_at)}
 
 
-def running_row(request_id: str, *, worker: str | None = None, attempts: int | None = None,
-                started_at: float | None = None, batch_id: str | None = None) -> dict[str, Any]:
-    return {"id": request_id, "status": RUNNING, "worker": worker, "attempts": attempts,
-            "started_at": _ts(started_at), "batch_id": batch_id}
+def running_row(request_id: str, *, worker: str | None = None, started_at: float | None = None,
+                batch_id: str | None = None) -> dict[str, Any]:
+    """A worker admitted the request at `started_at`: one attempt (the upsert counts an
+    admission later than the last one counted as a new attempt, a replay as none)."""
+    at = _ts(started_at)
+    return {"id": request_id, "status": RUNNING, "worker": worker,
+            "attempts": 1 if at is not None else None, "attempt_started_at": at,
+            "started_at": at, "batch_id": batch_id}
 
 
 def final_row(event: FinalEvent) -> dict[str, Any]:

@@ -56,25 +56,27 @@ class ChatCompletionRequest(BaseModel):
 
     messages: Annotated[list[ChatMessageIn], Field(min_length=1, max_length=MAX_MESSAGES)]
     model: Annotated[str, Field(max_length=256)] | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1, le=1_000_000)] | None = None
-    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
+    # NOTE: strict as OpenAI is: "5" and true are not 5, NaN is not a number
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT, strict=True)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT, strict=True)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=100.0, strict=True, allow_inf_nan=False)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, strict=True, allow_inf_nan=False)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=1_000_000, strict=True)] | None = None
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX, strict=True)] | None = None
     stop: (Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
            | Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]],
                        Field(max_length=MAX_STOP_STRINGS)] | None) = None
-    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
-    ignore_eos: bool | None = None
+    stop_token_ids: Annotated[list[Annotated[TokenId, Field(strict=True)]],
+                              Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    ignore_eos: Annotated[bool, Field(strict=True)] | None = None
     # accepted only at their neutral values (anything else is a 400 naming the parameter)
-    n: Literal[1] | None = None
-    stream: bool | None = None
+    n: Annotated[int, Field(ge=1, le=1, strict=True)] | None = None
+    stream: Annotated[bool, Field(strict=True)] | None = None
     stream_options: StreamOptions | None = None
-    presence_penalty: Literal[0] | None = None
-    frequency_penalty: Literal[0] | None = None
-    logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    presence_penalty: Annotated[float, Field(ge=0, le=0, strict=True)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=0, le=0, strict=True)] | None = None
+    logprobs: Annotated[bool, Field(strict=True)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS, strict=True)] | None = None
     logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None

@@ -22,7 +22,15 @@ class FileObject(BaseModel):
 class FileList(BaseModel):
     object: Literal["list"] = "list"
     data: list[FileObject]
+    first_id: str | None = None
+    last_id: str | None = None
     has_more: bool = False
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool
 
 
 def file_object(row: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
+from inflight.api.routing import ApiRoute
 from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx, owns
 from inflight.api.errors import APIError, not_found
@@ -28,7 +29,8 @@ from inflight.api.routes.files import owned_file
 from inflight.producers import batch_jobs
 from inflight.producers.celery_app import send_enqueue
 
-router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=OPENAI_ERRORS)
+router = APIRouter(route_class=ApiRoute, prefix="/v1/batches", tags=["batches"],
+                   responses=OPENAI_ERRORS)
 BatchId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
                               description="the batch id (batch_...)")]
 

@@ -23,6 +23,7 @@ from anyio import to_thread
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
+from inflight.api.routing import ApiRoute
 from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx
 from inflight.api.errors import APIError
@@ -38,9 +39,8 @@ from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQ
 from inflight.store import queued_row
 from inflight.store.owned import release_request
 
-router = APIRouter(tags=["chat"], responses=OPENAI_ERRORS)
+router = APIRouter(route_class=ApiRoute, tags=["chat"], responses=OPENAI_ERRORS)
 
-DEFAULT_MODEL = "inflight"
 _CLIENT_ERRORS = {ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG}
 
 
@@ -66,9 +66,9 @@ def _timeout(ctx: ApiContext, exc: Exception) -> APIError:
                         **WAIT_ERRORS},
              summary="OpenAI-compatible chat completion (through the queue)")
 async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller) -> Any:
+    model = ctx.models.resolve(body.model).id  # an unknown model is a 404, as OpenAI's
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars, ctx.settings.kafka_max_message_bytes)
-    model = body.model or DEFAULT_MODEL
     existing = await ctx.claims.claim(queued_row(req), caller.owner)
     if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
         raise APIError(500, "request id collision; retry")

@@ -1,8 +1,9 @@
 """OpenAI Files: upload a batch input, read a file's metadata and content, list files.
 
     POST /v1/files                (multipart: file, purpose=batch)  -> File object
-    GET  /v1/files[?purpose=&limit=]                                -> list
+    GET  /v1/files[?purpose=&limit=&after=]                         -> list (cursor paging)
     GET  /v1/files/{file_id}                                        -> File object
+    DELETE /v1/files/{file_id}                                      -> {id, deleted: true}
     GET  /v1/files/{file_id}/content                                -> the bytes (JSONL)
 
 Uploads stream into the store (store.files: 1 MiB chunks in the database) while their
@@ -13,22 +14,24 @@ client told which cap and which line. Output and error files of batches are read
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Literal
 
 from anyio import to_thread
 from fastapi import APIRouter, File, Form, Path, Query, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
+from inflight.api.routing import ApiRoute
 from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx, owns
 from inflight.api.errors import APIError, not_found
 from inflight.api.models.errors import OPENAI_ERRORS
-from inflight.api.models.files import FileList, FileObject, file_object
+from inflight.api.models.files import FileDeleted, FileList, FileObject, file_object
 from inflight.api.responses import json_response
 from inflight.api.uploads import LineCaps
 from inflight.store import new_file_id
 
-router = APIRouter(prefix="/v1/files", tags=["files"], responses=OPENAI_ERRORS)
+router = APIRouter(route_class=ApiRoute, prefix="/v1/files", tags=["files"],
+                   responses=OPENAI_ERRORS)
 FileId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
                              description="the file id (file-...)")]
 UPLOAD_PURPOSES = ("batch",)
@@ -71,16 +74,38 @@ async def owned_file(ctx: ApiContext, caller: Caller, file_id: str):
 @router.get("", response_model=FileList, summary="List your files, newest first")
 async def list_files(ctx: Ctx, caller: Caller,
                      purpose: Annotated[str | None, Query(max_length=32)] = None,
-                     limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> Response:
+                     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+                     after: Annotated[str | None, Query(max_length=128)] = None,
+                     order: Annotated[Literal["desc"], Query()] = "desc") -> Response:
+    if after is not None:
+        await owned_file(ctx, caller, after)
     rows = await ctx.db(lambda: ctx.store.list_files(owner=caller.owner, purpose=purpose,
-                                                     limit=limit))
-    return json_response({"object": "list", "data": [file_object(r) for r in rows],
-                          "has_more": len(rows) == limit})
+                                                     limit=limit + 1, after=after))
+    page = [file_object(r) for r in rows[:limit]]
+    return json_response({"object": "list", "data": page,
+                          "first_id": page[0]["id"] if page else None,
+                          "last_id": page[-1]["id"] if page else None,
+                          "has_more": len(rows) > limit})
 
 
 @router.get("/{file_id}", response_model=FileObject, summary="A file's metadata")
 async def retrieve_file(file_id: FileId, ctx: Ctx, caller: Caller) -> Response:
     return json_response(file_object(await owned_file(ctx, caller, file_id)))
+
+
+@router.delete("/{file_id}", response_model=FileDeleted,
+               responses={409: {"description": "an open batch reads this file"}},
+               summary="Delete a file")
+async def delete_file(file_id: FileId, ctx: Ctx, caller: Caller) -> Response:
+    row = await owned_file(ctx, caller, file_id)
+    user = await ctx.db(ctx.store.file_in_use, row.id)
+    if user is not None:
+        raise APIError(409, f"file {file_id} is the input of batch {user}, which has not "
+                            "ended; cancel the batch or wait for it to end, then delete the "
+                            "file", param="file_id", code="file_in_use")
+    await ctx.db(ctx.store.delete_file, row.id)
+    ctx.metrics.inc("files_deleted")
+    return json_response({"id": row.id, "object": "file", "deleted": True})
 
 
 @router.get("/{file_id}/content", response_class=StreamingResponse,

@@ -10,9 +10,10 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 from sqlalchemy import text
 
+from inflight.api.routing import ApiRoute
 from inflight.api.deps import Ctx
 
-router = APIRouter(tags=["health"])
+router = APIRouter(route_class=ApiRoute, tags=["health"])
 
 
 class Health(BaseModel):

@@ -21,6 +21,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from inflight.api.routing import ApiRoute
 from inflight.api.deps import Caller, Ctx
 from inflight.api.errors import APIError
 from inflight.api.models.batches import (CreateMessageBatch, MessageBatchList, MessageBatchObject)
@@ -29,10 +30,13 @@ from inflight.api.responses import json_response
 from inflight.api.routes.batches import owned_batch, start
 from inflight.api.routes.files import stream_file
 from inflight.producers import batch_jobs
+from inflight.producers.batch_lines import LineChecker
+from inflight.schemas.errors import SchemaError
+from inflight.schemas.json_text import parse_json
 from inflight.schemas.anthropic_batch import MESSAGES_URL
 from inflight.store import new_file_id
 
-router = APIRouter(prefix="/v1/messages/batches", tags=["anthropic"],
+router = APIRouter(route_class=ApiRoute, prefix="/v1/messages/batches", tags=["anthropic"],
                    responses=ANTHROPIC_ERRORS)
 BatchId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
                               description="the message batch id (msgbatch_...)")]
@@ -40,17 +44,25 @@ ENDPOINTS = (MESSAGES_URL,)
 WINDOW = "24h"  # Anthropic's fixed processing window
 
 
-def _object(request: Request, row: Any) -> dict[str, Any]:
-    url = str(request.url_for("message_batch_results", batch_id=row.id))
-    return batch_jobs.anthropic_batch_object(row, results_url=url)
+def _object(ctx: Ctx, row: Any) -> dict[str, Any]:
+    # NOTE: never built from the request's Host header (a client could make the service
+    # hand out a link to a host of its choosing, and behind a TLS proxy it is the wrong
+    # scheme and host): relative to the API's root, or under INFLIGHT_API_PUBLIC_URL
+    path = f"{router.prefix}/{row.id}/results"
+    base = ctx.settings.api_public_url
+    return batch_jobs.anthropic_batch_object(
+        row, results_url=base.rstrip("/") + path if base else path)
 
 
-def _lines(ctx: Ctx, body: bytes) -> list[bytes]:
-    """The body's requests as JSONL lines, checked against the upload caps."""
+def _lines(ctx: Ctx, body: bytes, batch_id: str) -> list[bytes]:
+    """The body's requests as JSONL lines, checked against the upload caps and, each, as
+    the batch will check it (producers.batch_lines: parameters, unique custom_ids, the
+    served model's context): a bad request refuses the whole batch with the path of its
+    bad field, as Anthropic's API does."""
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise APIError(400, f"the request body is not valid JSON ({exc})") from None
+        data = parse_json(body, what="the request body")
+    except SchemaError as exc:
+        raise APIError(400, exc.message, param=exc.field, code=exc.code) from None
     if not isinstance(data, dict) or set(data) != {"requests"} or not isinstance(
             data["requests"], list) or not data["requests"]:
         raise APIError(400, "the body must be {\"requests\": [{\"custom_id\": ..., "
@@ -62,6 +74,9 @@ def _lines(ctx: Ctx, body: bytes) -> list[bytes]:
                             f"{s.api_max_upload_lines:,} (server setting "
                             "INFLIGHT_API_MAX_UPLOAD_LINES); split them into several batches",
                        param="requests")
+    checker = LineChecker(batch_id, MESSAGES_URL, context=ctx.models.default.max_model_len,
+                          max_prompt_chars=s.max_prompt_chars,
+                          max_line_bytes=s.kafka_max_message_bytes)
     lines = []
     for i, item in enumerate(data["requests"]):
         if not (isinstance(item, dict) and set(item) == {"custom_id", "params"}
@@ -73,6 +88,12 @@ def _lines(ctx: Ctx, body: bytes) -> list[bytes]:
             raise APIError(413, f"requests.{i} is {len(line):,} bytes, over the limit of "
                                 f"{s.api_max_line_bytes:,} (server setting "
                                 "INFLIGHT_API_MAX_LINE_BYTES)", param=f"requests.{i}")
+        try:
+            checker.convert(line)
+        except SchemaError as exc:
+            field = f"requests.{i}.{exc.field}" if exc.field else f"requests.{i}"
+            raise APIError(400, f"requests.{i}: {exc.message}", param=field,
+                           code=exc.code) from None
         lines.append(line)
     return lines
 
@@ -84,8 +105,8 @@ def _lines(ctx: Ctx, body: bytes) -> list[bytes]:
 async def create_message_batch(request: Request, ctx: Ctx, caller: Caller) -> Response:
     # NOTE: read raw, not as a pydantic body: up to INFLIGHT_API_MAX_UPLOAD_BYTES of requests
     # are turned into lines once, without a model object per request.
-    lines = await to_thread.run_sync(_lines, ctx, await request.body())
     bid, fid = "msgbatch_" + uuid.uuid4().hex, new_file_id()
+    lines = await to_thread.run_sync(_lines, ctx, await request.body(), bid)
 
     def store_it() -> Any:
         try:
@@ -101,11 +122,11 @@ async def create_message_batch(request: Request, ctx: Ctx, caller: Caller) -> Re
 
     row = await to_thread.run_sync(store_it)
     await start(ctx, row.id)
-    return json_response(_object(request, row))
+    return json_response(_object(ctx, row))
 
 
 @router.get("", response_model=MessageBatchList, summary="List your Message Batches")
-async def list_message_batches(request: Request, ctx: Ctx, caller: Caller,
+async def list_message_batches(ctx: Ctx, caller: Caller,
                                after_id: Annotated[str | None, Query(max_length=128)] = None,
                                before_id: Annotated[str | None, Query(max_length=128)] = None,
                                limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> Response:
@@ -116,26 +137,24 @@ async def list_message_batches(request: Request, ctx: Ctx, caller: Caller,
         await owned_batch(ctx, caller, after_id, ENDPOINTS, "message batch")
     rows = await ctx.db(lambda: ctx.store.list_batches(
         owner=caller.owner, after=after_id, limit=limit + 1, endpoint=ENDPOINTS))
-    page = [_object(request, r) for r in rows[:limit]]
+    page = [_object(ctx, r) for r in rows[:limit]]
     return json_response({"data": page, "has_more": len(rows) > limit,
                           "first_id": page[0]["id"] if page else None,
                           "last_id": page[-1]["id"] if page else None})
 
 
 @router.get("/{batch_id}", response_model=MessageBatchObject, summary="A Message Batch")
-async def retrieve_message_batch(batch_id: BatchId, request: Request, ctx: Ctx,
-                                 caller: Caller) -> Response:
+async def retrieve_message_batch(batch_id: BatchId, ctx: Ctx, caller: Caller) -> Response:
     row = await owned_batch(ctx, caller, batch_id, ENDPOINTS, "message batch")
-    return json_response(_object(request, row))
+    return json_response(_object(ctx, row))
 
 
 @router.post("/{batch_id}/cancel", response_model=MessageBatchObject,
              summary="Cancel a Message Batch")
-async def cancel_message_batch(batch_id: BatchId, request: Request, ctx: Ctx,
-                               caller: Caller) -> Response:
+async def cancel_message_batch(batch_id: BatchId, ctx: Ctx, caller: Caller) -> Response:
     await owned_batch(ctx, caller, batch_id, ENDPOINTS, "message batch")
     row = await to_thread.run_sync(batch_jobs.cancel_batch, ctx.store, ctx.client, batch_id)
-    return json_response(_object(request, row))
+    return json_response(_object(ctx, row))
 
 
 @router.get("/{batch_id}/results", name="message_batch_results",
@@ -146,9 +165,13 @@ async def cancel_message_batch(batch_id: BatchId, request: Request, ctx: Ctx,
             summary="A Message Batch's results (JSONL)")
 async def message_batch_results(batch_id: BatchId, ctx: Ctx, caller: Caller) -> Response:
     row = await owned_batch(ctx, caller, batch_id, ENDPOINTS, "message batch")
-    if not row.is_final or not row.output_file_id:
+    if not row.is_final:
         raise APIError(409, f"message batch {batch_id} has not ended yet ({row.status}); "
                             "results come once processing_status is ended",
                        code="not_ended")
+    if not row.output_file_id:
+        why = "; ".join(e.get("message", "") for e in (row.errors or [])[:3]) or row.status
+        raise APIError(409, f"message batch {batch_id} ended without results ({row.status}): "
+                            f"{why}", code="no_results")
     return StreamingResponse(stream_file(ctx, row.output_file_id),
                              media_type="application/binary")

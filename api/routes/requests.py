@@ -22,6 +22,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Path
 from fastapi.responses import Response, StreamingResponse
 
+from inflight.api.routing import ApiRoute
 from inflight.api.deps import Caller, Ctx, owns
 from inflight.api.errors import APIError, not_found
 from inflight.api.models.errors import OPENAI_ERRORS, SUBMIT_ERRORS
@@ -33,7 +34,8 @@ from inflight.schemas.errors import InflightError
 from inflight.store import FINAL_STATUSES, queued_row
 from inflight.store.owned import release_request
 
-router = APIRouter(prefix="/v1/requests", tags=["requests"], responses=OPENAI_ERRORS)
+router = APIRouter(route_class=ApiRoute, prefix="/v1/requests", tags=["requests"],
+                   responses=OPENAI_ERRORS)
 PathId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
                              description="the request_id")]
 
@@ -70,9 +72,12 @@ async def _owned_row(ctx: Ctx, caller: Caller, request_id: str) -> Any:
 async def get_request(request_id: PathId, ctx: Ctx, caller: Caller) -> Response:
     cached = ctx.finals.get(request_id)
     if cached is not None:
-        if not owns(caller, cached[0]):
-            raise not_found("request", request_id)
-        return json_response(cached[1])
+        if owns(caller, cached[0]):
+            return json_response(cached[1])
+        # NOTE: another owner's id costs the same lookup as an unknown one, so the time of
+        # the 404 does not tell that the id exists
+        await ctx.views.view(request_id)
+        raise not_found("request", request_id)
     row = await _owned_row(ctx, caller, request_id)
     body = orjson.dumps(request_object(row))
     if row.status in FINAL_STATUSES:

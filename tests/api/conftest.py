@@ -78,7 +78,8 @@ def _stack(broker, tiny_model, tmp, database, celery_broker):
     settings = make_settings(broker, database,
                              api_key_cache_s=0.0, api_wait_timeout_s=60.0,
                              data_dir=tmp / "data", cache_dir=tmp / "cache",
-                             model_path=str(tiny_model), celery_broker=celery_broker,
+                             model_path=str(tiny_model), served_model_name="tiny",
+                             celery_broker=celery_broker,
                              celery_queue=f"q-{uuid.uuid4().hex[:8]}",
                              batch_sweep_interval_s=0.3, batch_lease_s=2.0)
     jobs = JobsProcess(settings, tmp / "jobs.log")  # starts while the worker joins its group

@@ -34,6 +34,8 @@ def test_bad_requests_fail_alone(eng, prompts):
     eng.add_request("too-long", prompt_token_ids=[5] * 64, params=GREEDY)
     eng.add_request("max-tokens", prompt_token_ids=[5] * 10, params=SamplingParams(max_tokens=60))
     eng.add_request("vocab", prompt_token_ids=[5, 100000], params=GREEDY)
+    eng.add_request("stop-vocab", prompt_token_ids=[5, 6],
+                    params=SamplingParams(max_tokens=4, stop_token_ids=(3, 100000)))
     small = Engine(EngineConfig(model=eng.config.model, num_kv_blocks=3, block_size=4))
     small.add_request("kv", prompt_token_ids=[5] * 10, params=GREEDY)
     finals = drain(eng)
@@ -42,7 +44,8 @@ def test_bad_requests_fail_alone(eng, prompts):
                              ("empty-text", "empty", ERR_INVALID_REQUEST),
                              ("too-long", "context", ERR_PROMPT_TOO_LONG),
                              ("max-tokens", "max_tokens", ERR_PROMPT_TOO_LONG),
-                             ("vocab", "vocabulary", ERR_INVALID_REQUEST)]:
+                             ("vocab", "vocabulary", ERR_INVALID_REQUEST),
+                             ("stop-vocab", "stop_token_ids[1]=100000", ERR_INVALID_REQUEST)]:
         assert finals[rid].finish_reason == "error" and words in finals[rid].error, rid
         assert finals[rid].error_code == code, rid
     assert finals["good"].error_code is None

@@ -26,7 +26,7 @@ def test_insert_then_move_forward(store: Store):
     assert row.params["max_tokens"] == req.params.max_tokens and row.attempts == 0
     assert row.created_at.tzinfo is not None
 
-    store.upsert_requests([running_row("r1", worker="w0", attempts=1, started_at=1.0e9)])
+    store.upsert_requests([running_row("r1", worker="w0", started_at=1.0e9)])
     row = store.get_request("r1")
     assert (row.status, row.worker, row.attempts) == ("running", "w0", 1)
     assert row.started_at == datetime.fromtimestamp(1.0e9, timezone.utc)
@@ -41,6 +41,34 @@ def test_insert_then_move_forward(store: Store):
     assert row.usage["completion_tokens"] == 2 and row.timings["finished_at"] == 1.0e9 + 2
     assert row.prompt == "hello" and row.batch_id == "b1"  # NULLs in the final don't erase
     assert row.attempts == 1 and row.updated_at >= row.created_at
+
+
+def test_attempts_count_each_admission_once(store: Store):
+    """Each status event (an admission by a worker) counts one attempt; a replayed one
+    (the recorder restarted before its commit) counts none, in any batching."""
+    rid = f"att-{uuid.uuid4().hex[:8]}"
+    t1, t2, t3 = 1.0e9, 1.0e9 + 30, 1.0e9 + 61
+    ev = FinalEvent(request_id=rid, text="x", finish_reason="stop", worker="w2")
+    store.upsert_requests([running_row(rid, worker="w0", started_at=t1)])
+    store.upsert_requests([running_row(rid, worker="w0", started_at=t1)])  # replayed
+    assert store.get_request(rid).attempts == 1
+    # worker w0 died: w1 runs it again, the recorder reads both in one batch, twice
+    batch = [running_row(rid, worker="w0", started_at=t1),
+             running_row(rid, worker="w1", started_at=t2), final_row(ev)]
+    store.upsert_requests(batch)
+    store.upsert_requests(batch)
+    row = store.get_request(rid)
+    assert (row.status, row.attempts) == ("completed", 2)
+    # ran once more after its final was written (a duplicate run): counted, final kept
+    store.upsert_requests([running_row(rid, worker="w3", started_at=t3), final_row(ev)])
+    row = store.get_request(rid)
+    assert (row.status, row.attempts, row.worker) == ("completed", 3, "w2")
+    # a fresh id whose two attempts and final all arrive in one batch
+    other = f"att2-{uuid.uuid4().hex[:8]}"
+    store.upsert_requests([running_row(other, started_at=t1), running_row(other, started_at=t2),
+                           running_row(other, started_at=t1),
+                           final_row(ev.model_copy(update={"request_id": other}))])
+    assert store.get_request(other).attempts == 2
 
 
 def test_duplicate_final_does_not_overwrite(store: Store):
