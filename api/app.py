@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from inflight.api import errors
 from inflight.api.auth import KeyCache
+from inflight.api.broker_health import BrokerHealth, probe_broker
 from inflight.api.cache import FinalAnswers
 from inflight.api.context import ApiContext, StreamSlots, db_slots
 from inflight.api.limits import BodyLimitMiddleware
@@ -50,14 +51,18 @@ def _open_store(settings: Settings) -> Store:
     return store
 
 
-def _warm_producer(client: Client, settings: Settings) -> None:
-    """Fetch the request topics' metadata now, so the first submit does not block on it."""
+def _warm_producer(client: Client, settings: Settings) -> str | None:
+    """Fetch the request topics' metadata now, so the first submit does not block on it;
+    the reason when the broker is not reachable."""
     try:
+        probe_broker(settings)
         for topic in (settings.topic_requests, settings.topic_requests_batch):
             client.producer.partitions_for(topic)
     except Exception as exc:  # noqa: BLE001 — the API still serves polls without a broker
         log.warning("api: Kafka at %s is not reachable yet (%s); submits answer 503 until "
                     "it is", settings.kafka_bootstrap, exc)
+        return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    return None
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -74,17 +79,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.warning("api: AUTHENTICATION IS OFF (INFLIGHT_API_AUTH=off): anyone who can "
                         "reach this port can submit, read and cancel every request. Use "
                         "this only for a local demo.")
-        await to_thread.run_sync(_warm_producer, client, settings)
+        broker = BrokerHealth(lambda: probe_broker(settings))
+        unreachable = await to_thread.run_sync(_warm_producer, client, settings)
+        if unreachable is not None:
+            broker.failed(unreachable)
         app.state.ctx = ApiContext(settings=settings, store=store, client=client, keys=keys,
                                    streams=StreamSlots(settings.api_max_streams, metrics),
                                    metrics=metrics,
                                    finals=FinalAnswers(settings.api_final_cache_bytes),
                                    db_slots=slots,
-                                   models=await to_thread.run_sync(ServedModels, settings))
+                                   models=await to_thread.run_sync(ServedModels, settings),
+                                   broker=broker)
         try:
             yield
         finally:
             log.info(metrics.summary())
+            await broker.close()
             with contextlib.suppress(InflightError, Exception):
                 await to_thread.run_sync(client.close)
             store.close()
@@ -92,8 +102,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="inflight", version=API_VERSION, lifespan=lifespan, debug=False,
                   description="Kafka-driven LLM inference: submit and poll requests, stream "
                               "their tokens, OpenAI-compatible chat completions, files and "
-                              "batches, Anthropic message batches. Every route but /healthz "
-                              "and /metrics needs an API key.")
+                              "batches, Anthropic message batches. Every route but /healthz, "
+                              "/readyz and /metrics needs an API key.")
     errors.install(app)
     for module in (health, models, requests, chat, completions, files, batches, message_batches):
         app.include_router(module.router)

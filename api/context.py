@@ -13,6 +13,7 @@ import anyio
 from anyio import to_thread
 
 from inflight.api.auth import KeyCache
+from inflight.api.broker_health import BrokerHealth
 from inflight.api.cache import FinalAnswers
 from inflight.api.errors import APIError
 from inflight.api.group_commit import ClaimQueue
@@ -24,7 +25,6 @@ from inflight.schemas import InferenceRequest, Settings
 from inflight.schemas.errors import BrokerError
 from inflight.store import Store
 
-PUBLISH_TIMEOUT_S = 30.0
 T = TypeVar("T")
 _END = object()
 
@@ -90,6 +90,7 @@ class ApiContext:
     finals: FinalAnswers
     db_slots: anyio.CapacityLimiter
     models: ServedModels
+    broker: BrokerHealth
     claims: ClaimQueue = field(init=False)
     views: ViewQueue = field(init=False)
 
@@ -102,8 +103,11 @@ class ApiContext:
         return await to_thread.run_sync(fn, *args, limiter=self.db_slots)
 
     async def publish(self, req: InferenceRequest) -> None:
-        """Send one request and wait until Kafka acknowledged it (BrokerError otherwise)."""
-        future = await to_thread.run_sync(self.client.send, req)
+        """Send one request and wait until Kafka acknowledged it, at most
+        INFLIGHT_API_PUBLISH_TIMEOUT_S; BrokerError otherwise. While the broker is known to
+        be down, a 503 at once (api/broker_health.py)."""
+        self.broker.check()
+        timeout = self.settings.api_publish_timeout_s
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
 
@@ -114,10 +118,19 @@ class ApiContext:
                 else:
                     done.set_exception(BrokerError(f"publishing {req.request_id} failed: {error}"))
 
-        future.add_callback(lambda _meta: loop.call_soon_threadsafe(settle, None))
-        future.add_errback(lambda exc: loop.call_soon_threadsafe(settle, exc))
         try:
-            await asyncio.wait_for(done, PUBLISH_TIMEOUT_S)
-        except asyncio.TimeoutError:
+            with anyio.fail_after(timeout):
+                # NOTE: abandoned on timeout: a send can block on metadata while the broker
+                # is away; the thread ends on its own, the client gets its 503 now
+                future = await to_thread.run_sync(self.client.send, req, abandon_on_cancel=True)
+                future.add_callback(lambda _meta: loop.call_soon_threadsafe(settle, None))
+                future.add_errback(lambda exc: loop.call_soon_threadsafe(settle, exc))
+                await done
+        except TimeoutError:
+            self.broker.failed(f"no acknowledgement within {timeout:g}s")
             raise BrokerError(f"the broker did not acknowledge {req.request_id} within "
-                              f"{PUBLISH_TIMEOUT_S:.0f}s") from None
+                              f"{timeout:g}s (INFLIGHT_API_PUBLISH_TIMEOUT_S)") from None
+        except BrokerError as exc:
+            self.broker.failed(str(exc).splitlines()[0][:200])
+            raise
+        self.broker.ok()

@@ -149,8 +149,11 @@ def install(app: FastAPI) -> None:
         if isinstance(exc, (BrokerError, StoreError)):
             log.warning("api: %s %s: %s", request.method, request.url.path, exc)
             what = "the message broker" if isinstance(exc, BrokerError) else "the database"
+            broker = getattr(getattr(request.app.state, "ctx", None), "broker", None)
+            wait = broker.retry_after if broker is not None and isinstance(exc, BrokerError) else 1
             return error_response(request, 503, f"{what} is unavailable; retry shortly",
-                                  headers={"Retry-After": "1"})
+                                  code=f"{'broker' if isinstance(exc, BrokerError) else 'store'}"
+                                       "_unavailable", headers={"Retry-After": str(wait)})
         return _internal(request, exc)
 
     @app.exception_handler(Exception)

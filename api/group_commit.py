@@ -17,6 +17,7 @@ from typing import Any
 from inflight.api.metrics import ApiMetrics
 from inflight.store import Store
 from inflight.store.owned import claim_requests
+from inflight.store.queries import is_transient
 
 MAX_GROUP = 500
 
@@ -45,11 +46,28 @@ class ClaimQueue:
             try:
                 views = await self._run(claim_requests, self.store,
                                         [(row, owner) for row, owner, _ in group])
-            except Exception as exc:  # noqa: BLE001 — every submit of the group gets it
-                for *_, done in group:
-                    if not done.done():
-                        done.set_exception(exc)
+            except Exception as exc:  # noqa: BLE001 — settled below, each submit alone
+                if len(group) == 1 or is_transient(exc):  # the database is away: all fail
+                    for *_, done in group:
+                        if not done.done():
+                            done.set_exception(exc)
+                    continue
+                # NOTE: the database refused the group for one row's content: each row is
+                # filed alone, so only the submit that carried it fails
+                await self._one_by_one(group)
                 continue
             for (*_, done), view in zip(group, views):
                 if not done.done():
                     done.set_result(view)
+
+    async def _one_by_one(self, group: list[tuple[dict[str, Any], str | None, asyncio.Future]]
+                          ) -> None:
+        for row, owner, done in group:
+            try:
+                (view,) = await self._run(claim_requests, self.store, [(row, owner)])
+            except Exception as exc:  # noqa: BLE001 — this submit's own failure
+                if not done.done():
+                    done.set_exception(exc)
+                continue
+            if not done.done():
+                done.set_result(view)

@@ -19,6 +19,7 @@ from inflight.schemas.errors import StoreError
 
 from inflight.store.models import QUEUED, RequestRow, utcnow
 from inflight.store.queries import Store
+from inflight.store.rows import clean_row
 
 # What GET /v1/requests/{id} shows (not the prompt: it can be large and the caller has it).
 VIEW_COLUMNS = (RequestRow.id, RequestRow.owner, RequestRow.status, RequestRow.batch_id,
@@ -80,7 +81,7 @@ def claim_requests(store: Store, items: list[tuple[dict[str, Any], str | None]])
     for i, (row, owner) in enumerate(items):
         if row["id"] not in first:
             first[row["id"]] = i
-            values.append({**row, "status": QUEUED, "owner": owner, "attempts": 0,
+            values.append({**clean_row(row), "status": QUEUED, "owner": owner, "attempts": 0,
                            "created_at": row.get("created_at") or now, "updated_at": now})
     try:
         with store.engine.begin() as conn:

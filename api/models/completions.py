@@ -12,6 +12,7 @@ the same messages.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import time
 from typing import Annotated, Any, Literal
@@ -161,22 +162,38 @@ class Completion(BaseModel):
     usage: CompletionUsage | None = None
 
 
-def _entries(items: list[Any]) -> tuple[list[str], list[float | None], list[dict[str, float] | None]]:
+def _entries(items: list[Any]) -> tuple[list[str], list[bytes], list[float | None],
+                                         list[dict[str, float] | None]]:
     tokens: list[str] = []
+    raw: list[bytes] = []
     lps: list[float | None] = []
     tops: list[dict[str, float] | None] = []
     for item in items:
         if item is None:  # the first prompt token: nothing before it to condition on
             tokens.append("")
+            raw.append(b"")
             lps.append(None)
             tops.append(None)
             continue
         tokens.append(item.token)
+        raw.append(bytes(item.bytes) if item.bytes is not None else item.token.encode())
         lps.append(item.logprob)
         top = {t.token: t.logprob for t in item.top_logprobs}
         top.setdefault(item.token, item.logprob)  # the chosen token too, as OpenAI does
         tops.append(top)
-    return tokens, lps, tops
+    return tokens, raw, lps, tops
+
+
+def _offsets(raw: list[bytes]) -> list[int]:
+    """Where each token starts in the text, in characters. NOTE: decoded incrementally
+    over the tokens' bytes, since a token may hold part of a character (its text then reads
+    "bytes:\\x.."): a token that completes a character starts where that character does."""
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    out, at = [], 0
+    for piece in raw:
+        out.append(at)
+        at += len(decode(piece))
+    return out
 
 
 def completion_text(body: CompletionRequest, final: Any) -> tuple[str, dict[str, Any] | None]:
@@ -184,26 +201,23 @@ def completion_text(body: CompletionRequest, final: Any) -> tuple[str, dict[str,
     out = [] if body.scores_only else list((final.logprobs.content if final.logprobs else None) or [])
     text = "" if body.scores_only else final.text
     prompt_items = list(final.prompt_logprobs or []) if body.echo else []
-    tokens, lps, tops = _entries(prompt_items + out)
+    tokens, raw, lps, tops = _entries(prompt_items + out)
     if body.echo:
         echoed = body.prompt_text
         if echoed is None:  # token ids: their texts, as the model's tokenizer writes them
-            echoed = "".join(tokens[:len(prompt_items)])
+            echoed = b"".join(raw[:len(prompt_items)]).decode("utf-8", "replace")
         elif prompt_items and prompt_items[0] is None:
             # NOTE: the first prompt token has no logprob and so no entry; its text is what
-            # the prompt holds before the texts of the others (empty for a BOS token)
-            rest = "".join(tokens[1:len(prompt_items)])
-            if echoed.endswith(rest):
-                tokens[0] = echoed[:len(echoed) - len(rest)]
+            # the prompt holds before the bytes of the others (empty for a BOS token)
+            whole, rest = echoed.encode(), b"".join(raw[1:len(prompt_items)])
+            if whole.endswith(rest):
+                raw[0] = whole[:len(whole) - len(rest)]
+                tokens[0] = raw[0].decode("utf-8", "replace")
         text = echoed + text
     if body.logprobs is None:
         return text, None
-    offsets, at = [], 0
-    for tok in tokens:
-        offsets.append(at)
-        at += len(tok)
     return text, {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops,
-                  "text_offset": offsets}
+                  "text_offset": _offsets(raw)}
 
 
 def completion(request_id: str, model: str, body: CompletionRequest, final: Any) -> dict[str, Any]:

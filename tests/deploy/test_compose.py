@@ -118,8 +118,10 @@ def test_services_have_healthchecks_and_restart_policies():
     compose = load_compose()
     for name, svc in compose["services"].items():
         assert "restart" in svc, f"{name}: no restart policy"
-    for name in ("kafka", "postgres", "redis", "worker", "recorder"):
+    for name in ("kafka", "postgres", "redis", "worker", "recorder", "api"):
         assert "healthcheck" in compose["services"][name], f"{name}: no healthcheck"
+    # the API is healthy when it can serve: broker and database reachable, not merely alive
+    assert "/readyz" in " ".join(compose["services"]["api"]["healthcheck"]["test"])
     # setup jobs finish before the service starts
     for name in ("worker", "recorder"):
         deps = compose["services"][name]["depends_on"]
