@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inflight.api.responses import json_response
+from inflight.store.queries import is_transient
 from inflight.schemas.errors import (BrokerError, InflightError, NotFoundError, SchemaError, StateError,
                            StoreError)
 
@@ -146,6 +147,8 @@ def install(app: FastAPI) -> None:
             return error_response(request, 404, str(exc), code="not_found")
         if isinstance(exc, StateError):
             return error_response(request, 409, str(exc), code="invalid_state")
+        if isinstance(exc, StoreError) and not is_transient(exc) and exc.__cause__ is not None:
+            return _internal(request, exc)  # the database refused data: retrying won't help
         if isinstance(exc, (BrokerError, StoreError)):
             log.warning("api: %s %s: %s", request.method, request.url.path, exc)
             what = "the message broker" if isinstance(exc, BrokerError) else "the database"

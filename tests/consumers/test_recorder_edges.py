@@ -173,3 +173,28 @@ def test_records_with_odd_headers_are_recorded_and_neighbours_too(recorder):
     assert {rid: rows[rid].status for rid in ids[:3]} == dict.fromkeys(ids[:3], "completed")
     row = wait_rows(store, [ids[3]], final=False, timeout=10)[ids[3]]
     assert (row.status, row.prompt) == ("queued", "hello")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the recorder's loop: one backend
+def test_a_record_that_raises_is_skipped_and_the_others_recorded(recorder, monkeypatch):
+    """Any exception while turning one record into a row (a bug, a value nothing expected)
+    is logged and counted; the records around it are recorded and the loop goes on."""
+    import inflight.consumers.recorder as recorder_module
+
+    s, store = recorder.settings, recorder.store
+    tag = uuid.uuid4().hex[:8]
+    ok1, bad, ok2, later = (f"{n}-{tag}" for n in ("ok1", "bad", "ok2", "later"))
+    real = recorder_module.final_row
+
+    def final_row(event):
+        if event.request_id == bad:
+            raise RuntimeError("a bug that only this record meets")
+        return real(event)
+
+    monkeypatch.setattr(recorder_module, "final_row", final_row)
+    _publish(s, s.topic_results, [(ok1, _final(ok1)), (bad, _final(bad)), (ok2, _final(ok2))])
+    rows = wait_rows(store, [ok1, ok2], timeout=30)
+    assert rows[ok1].status == rows[ok2].status == "completed"
+    assert store.get_request(bad) is None and recorder.recorder.metrics["records_skipped"] == 1
+    _publish(s, s.topic_results, [(later, _final(later))])
+    assert wait_rows(store, [later], timeout=30)[later].status == "completed"
