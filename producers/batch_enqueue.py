@@ -19,12 +19,14 @@ from operator import itemgetter
 from typing import IO, Any
 
 from inflight.schemas import PRIORITY_BATCH, SchemaError, encode
+from inflight.schemas.anthropic_batch import MESSAGES_URL
 from inflight.schemas.errors import NotFoundError, Retry
 from inflight.store import CANCELLED, CANCELLING, FAILED, IN_PROGRESS, QUEUED, VALIDATING, BatchRow
 from inflight.store.models import utcnow
 
 from inflight.producers.batch_context import JobContext, dispatch_marker, end_requests, expired
 from inflight.producers.batch_lines import LineChecker, LineError
+from inflight.producers.batch_output import write_refused_messages
 
 log = logging.getLogger("inflight.batch")
 
@@ -118,8 +120,15 @@ def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes]) -> str
         errors.append({"code": "empty_file", "message": "the input file has no requests; "
                        "give one JSON line per request", "param": None, "line": None})
     if errors:
-        store.transition_batch(b.id, FAILED, lease_owner=owner, errors=errors,
-                               lines_validated=n_lines)
+        results: dict[str, Any] = {}
+        if b.endpoint == MESSAGES_URL:  # Anthropic's batches report bad requests per request
+            fid, n = write_refused_messages(store, b, {e["line"]: e["message"] for e in errors
+                                                       if e["line"] is not None})
+            results = {"output_file_id": fid, "request_total": n, "request_failed": n}
+        if not store.transition_batch(b.id, FAILED, lease_owner=owner, errors=errors,
+                                      lines_validated=n_lines, **results):
+            if results.get("output_file_id"):
+                store.delete_file(results["output_file_id"])
         log.info("batch %s failed validation: %d bad of %d lines (%.1fs)", b.id, n_bad,
                  n_lines, time.monotonic() - t0)
         return FAILED

@@ -158,6 +158,40 @@ def _unwritable(custom_id: str, rid: str, anthropic: bool,
                          "error": None}), True
 
 
+def write_refused_messages(store: Store, batch: BatchRow,
+                           line_errors: dict[int, str]) -> tuple[str | None, int]:
+    """A Message Batch that failed validation: (results file id, requests in it), every
+    request `errored` (Anthropic reports a batch's bad requests per request): its own
+    problem, or that it did not run because other lines of its batch were refused. A line
+    too broken to name its custom_id is reported as `line-N`."""
+    first = min(line_errors) if line_errors else None
+    n = 0
+
+    def lines() -> Iterator[bytes]:
+        nonlocal n
+        for no, raw in store.iter_file_lines(batch.input_file_id):  # type: ignore[arg-type]
+            if not raw.strip():
+                continue
+            try:
+                cid = parse_json(raw).get("custom_id")
+            except (ValueError, AttributeError):
+                cid = None
+            message = line_errors.get(no) or (
+                f"not run: this batch was refused at validation (line {first}: "
+                f"{line_errors[first]})" if first is not None else "not run")
+            n += 1
+            yield orjson.dumps({"custom_id": cid if isinstance(cid, str) else f"line-{no}",
+                                "result": {"type": "errored", "error": {"type": "error", "error": {
+                                    "type": "invalid_request_error", "message": message}}}}) + b"\n"
+
+    row = store.create_file(lines(), purpose="batch_output",
+                            filename=f"{batch.id}_results.jsonl", owner=batch.owner)
+    if not row.line_count:
+        store.delete_file(row.id)
+        return None, 0
+    return row.id, n
+
+
 class LostLease(Exception):
     """Raised inside the writer when another sweeper took the batch over."""
 

@@ -140,3 +140,26 @@ def test_lines_that_cannot_be_stored_fail_validation_with_their_number(store, li
     assert [e["line"] for e in err] == [2] and code_word in err[0]["message"], err
     assert err[0]["param"] == param
     assert ctx.publisher.sent == []
+
+
+def test_a_refused_message_batch_reports_each_request_errored(store):
+    """Anthropic reports a batch's bad requests per request: a /v1/messages batch that
+    fails validation ends with a results file, every request `errored` with its reason."""
+    def msg(cid, max_tokens):
+        return orjson.dumps({"custom_id": cid, "params": {"model": "m", "max_tokens": max_tokens,
+                                                          "messages": [{"role": "user",
+                                                                        "content": "hi"}]}})
+
+    f = store.create_file([msg("a", 4) + b"\n" + msg("b", 5000) + b"\n" + msg("c", 4) + b"\n"],
+                          purpose="batch", filename="in.jsonl", owner="carol")
+    b = jobs.create_batch(store, input_file_id=f.id, endpoint="/v1/messages", owner="carol")
+    assert jobs.validate_and_enqueue(ctx_for(store), b.id) == "failed"
+    b = store.get_batch(b.id)
+    obj = jobs.anthropic_batch_object(b, results_url="/r")
+    assert obj["processing_status"] == "ended" and obj["results_url"] == "/r"
+    assert obj["request_counts"]["errored"] == 3
+    results = [orjson.loads(x) for _, x in store.iter_file_lines(b.output_file_id)]
+    assert [r["custom_id"] for r in results] == ["a", "b", "c"]
+    assert {r["result"]["type"] for r in results} == {"errored"}
+    texts = [r["result"]["error"]["error"]["message"] for r in results]
+    assert "context of 512" in texts[1] and texts[0].startswith("not run") and "line 2" in texts[0]
