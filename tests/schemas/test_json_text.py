@@ -1,0 +1,44 @@
+"""The one JSON parser for text from outside (schemas/json_text.py): what it refuses, with
+which code and field, and what it lets through; and the bundled model's name it shares
+with the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from inflight.schemas import SchemaError
+from inflight.schemas.json_text import parse_json
+
+
+@pytest.mark.parametrize("data, code, field", [
+    (b'{"a": [1, "\\ud800x"]}', "lone_surrogate", "a.1"),
+    (b'{"\\udc00": 1}', "lone_surrogate", "\\udc00"),
+    (b'{"a": "\xed\xa0\x80"}', "invalid_utf8", None),     # a surrogate encoded as UTF-8
+    (b'{"a": "\xc3"}', "invalid_utf8", None),
+    (b'[' * 1100 + b']' * 1100, "json_too_deep", None),
+    (b'{"a": NaN, "b": "\\ud83d"}', "lone_surrogate", "b"),  # the lenient path checks too
+    (b'{"a": ', "json_invalid", None),
+])
+def test_refused_with_a_code(data, code, field):
+    with pytest.raises(SchemaError) as err:
+        parse_json(data)
+    assert err.value.code == code
+    if field is not None:
+        assert err.value.field == field.encode().decode("unicode_escape")
+
+
+def test_accepted():
+    assert parse_json(b'\xef\xbb\xbf{"a": 1}') == {"a": 1}             # a BOM is dropped
+    assert parse_json(b'{"a": "\\ud83d\\ude00"}') == {"a": "\U0001F600"}  # a surrogate pair
+    assert parse_json(b'{"t": NaN}')["t"] != parse_json(b'{"t": NaN}')["t"]  # the model names it
+    assert parse_json(b'{"a": "x\\u0000y"}') == {"a": "x\x00y"}
+    with pytest.raises(SchemaError) as err:
+        parse_json(b'{"a": {"b": "x\\u0000y"}}', forbid_nul=True)
+    assert (err.value.code, err.value.field) == ("nul_character", "a.b")
+
+
+def test_the_bundled_model_name_is_the_engines():
+    from inflight.engine.model_folder import DEFAULT_MODEL_NAME
+    from inflight.schemas.settings import BUNDLED_MODEL_NAME
+
+    assert BUNDLED_MODEL_NAME == DEFAULT_MODEL_NAME
