@@ -10,7 +10,8 @@ Anthropic shape (routes under /v1/messages):
 
 Everything that leaves a handler goes through `install(app)`: our `APIError`, the project's
 `InflightError` tree (SchemaError -> 400, NotFoundError -> 404, StateError -> 409,
-BrokerError/StoreError -> 503), FastAPI's body
+BrokerError/StoreError -> 503 when the broker or database is away; a database refusing
+data -> 500), FastAPI's body
 validation (-> 400 naming the field), Starlette's 404/405, and any other exception (-> 500
 with an error id that is also in the server log with the traceback).
 """
@@ -27,9 +28,9 @@ from starlette.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inflight.api.responses import json_response
-from inflight.store.queries import is_transient
 from inflight.schemas.errors import (BrokerError, InflightError, NotFoundError, SchemaError, StateError,
                            StoreError)
+from inflight.store.queries import is_transient
 
 log = logging.getLogger("inflight.api")
 
@@ -151,12 +152,13 @@ def install(app: FastAPI) -> None:
             return _internal(request, exc)  # the database refused data: retrying won't help
         if isinstance(exc, (BrokerError, StoreError)):
             log.warning("api: %s %s: %s", request.method, request.url.path, exc)
-            what = "the message broker" if isinstance(exc, BrokerError) else "the database"
-            broker = getattr(getattr(request.app.state, "ctx", None), "broker", None)
-            wait = broker.retry_after if broker is not None and isinstance(exc, BrokerError) else 1
+            wait, what, code = 1, "the database", "store_unavailable"
+            if isinstance(exc, BrokerError):
+                what, code = "the message broker", "broker_unavailable"
+                broker = getattr(getattr(request.app.state, "ctx", None), "broker", None)
+                wait = broker.retry_after if broker is not None else 1  # grows while it is down
             return error_response(request, 503, f"{what} is unavailable; retry shortly",
-                                  code=f"{'broker' if isinstance(exc, BrokerError) else 'store'}"
-                                       "_unavailable", headers={"Retry-After": str(wait)})
+                                  code=code, headers={"Retry-After": str(wait)})
         return _internal(request, exc)
 
     @app.exception_handler(Exception)

@@ -18,7 +18,6 @@ from anyio import to_thread
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
-from inflight.api.routing import ApiRoute
 from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx, owns
 from inflight.api.errors import APIError, not_found
@@ -26,6 +25,7 @@ from inflight.api.models.batches import OPENAI_ENDPOINTS, BatchList, BatchObject
 from inflight.api.models.errors import OPENAI_ERRORS
 from inflight.api.responses import json_response
 from inflight.api.routes.files import owned_file
+from inflight.api.routing import ApiRoute
 from inflight.producers import batch_jobs
 from inflight.producers.celery_app import send_enqueue
 

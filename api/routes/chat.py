@@ -23,7 +23,6 @@ from anyio import to_thread
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from inflight.api.routing import ApiRoute
 from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx
 from inflight.api.errors import APIError
@@ -31,6 +30,7 @@ from inflight.api.models.chat import (ChatCompletion, ChatCompletionRequest, chu
                              finish_of, usage_of)
 from inflight.api.models.errors import OPENAI_ERRORS, WAIT_ERRORS
 from inflight.api.responses import json_response
+from inflight.api.routing import ApiRoute
 from inflight.api.sse import sse
 from inflight.producers import RequestNotFound
 from inflight.schemas import ErrorEvent, FinalEvent, TokenEvent

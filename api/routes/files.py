@@ -20,13 +20,13 @@ from anyio import to_thread
 from fastapi import APIRouter, File, Form, Path, Query, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
-from inflight.api.routing import ApiRoute
 from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx, owns
 from inflight.api.errors import APIError, not_found
 from inflight.api.models.errors import OPENAI_ERRORS
 from inflight.api.models.files import FileDeleted, FileList, FileObject, file_object
 from inflight.api.responses import json_response
+from inflight.api.routing import ApiRoute
 from inflight.api.uploads import LineCaps
 from inflight.store import new_file_id
 

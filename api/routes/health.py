@@ -12,9 +12,9 @@ from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 from sqlalchemy import text
 
-from inflight.api.routing import ApiRoute
 from inflight.api.deps import Ctx
 from inflight.api.responses import json_response
+from inflight.api.routing import ApiRoute
 
 router = APIRouter(route_class=ApiRoute, tags=["health"])
 

@@ -21,7 +21,6 @@ from anyio import to_thread
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from inflight.api.routing import ApiRoute
 from inflight.api.deps import Caller, Ctx
 from inflight.api.errors import APIError
 from inflight.api.models.batches import (CreateMessageBatch, MessageBatchList, MessageBatchObject)
@@ -29,6 +28,7 @@ from inflight.api.models.errors import ANTHROPIC_ERRORS
 from inflight.api.responses import json_response
 from inflight.api.routes.batches import owned_batch, start
 from inflight.api.routes.files import stream_file
+from inflight.api.routing import ApiRoute
 from inflight.producers import batch_jobs
 from inflight.producers.batch_lines import LineChecker
 from inflight.schemas.errors import SchemaError

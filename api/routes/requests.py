@@ -22,12 +22,12 @@ from anyio import to_thread
 from fastapi import APIRouter, Path
 from fastapi.responses import Response, StreamingResponse
 
-from inflight.api.routing import ApiRoute
 from inflight.api.deps import Caller, Ctx, owns
 from inflight.api.errors import APIError, not_found
 from inflight.api.models.errors import OPENAI_ERRORS, SUBMIT_ERRORS
 from inflight.api.models.requests import RequestObject, SubmitRequest, queued_object, request_object
 from inflight.api.responses import json_response
+from inflight.api.routing import ApiRoute
 from inflight.api.sse import sse, stored_events
 from inflight.producers import RequestNotFound
 from inflight.schemas.errors import InflightError
