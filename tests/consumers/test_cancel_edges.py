@@ -20,7 +20,7 @@ def _cancels(listener, want: set[str], timeout: float = 15.0) -> set[str]:
     seen: set[str] = set()
     deadline = time.monotonic() + timeout
     while not want <= seen and time.monotonic() < deadline:
-        seen.update(listener.poll())
+        seen.update(c.request_id for c, _ in listener.poll())
         time.sleep(0.05)
     return seen
 
