@@ -71,6 +71,9 @@ class CancelListener:
     # kafka-python's default a cancel reached the worker too late to stop a tiny model
     # before it finished (docs/benchmarks.md, delivery path).
     FETCH_MAX_WAIT_MS = 50
+    # the start offsets are looked up from the intake's thread, which must never wait long
+    # on the broker (it polls the group): a lookup that takes longer is tried again later
+    LOOKUP_TIMEOUT_MS = 200
 
     def __init__(self, settings: Settings, since: float | None = None):
         """Read cancels stamped at or after `since` (epoch seconds; default: now minus
@@ -106,7 +109,8 @@ class CancelListener:
             return
         self._next_resolve = now + self.RESOLVE_EVERY_S
         try:
-            found = self.consumer.offsets_for_times({tp: self.since_ms for tp in self._unresolved})
+            found = self.consumer.offsets_for_times({tp: self.since_ms for tp in self._unresolved},
+                                                    timeout_ms=self.LOOKUP_TIMEOUT_MS)
         except KafkaError as exc:
             log.warning("cancel topic: offsets_for_times failed (%s); retrying", exc)
             return

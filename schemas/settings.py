@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     kafka_rdkafka_options: dict[str, Any] = Field(default_factory=dict)
     kafka_session_timeout_ms: int = 10000
     kafka_heartbeat_interval_ms: int = 3000
+    # the longest a group member may go between polls before it is put out of the group
+    # (the worker's intake polls every few ms, whatever the engine or the broker does)
+    kafka_max_poll_interval_ms: int = 300_000
     kafka_max_message_bytes: int = 1_000_000
 
     topic_requests: str = "inflight.requests"
