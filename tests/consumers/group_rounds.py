@@ -29,7 +29,7 @@ from inflight.schemas import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = ("sigterm_join", "kill_in_rebalance", "long_drain_join")
-N_REQUESTS = 40
+N_REQUESTS = 24
 ASSIGNED_RE = re.compile(r"^(\S+ \S+) .* assigned \[(.*)\]")
 
 

@@ -22,7 +22,7 @@ MAX_POLL_INTERVAL_MS = 3000
 
 
 def test_a_stalled_broker_causes_no_eviction_and_loses_nothing(tiny_model, tmp_path,
-                                                               monkeypatch):
+                                                               monkeypatch, request):
     from inflight.cli.broker import EmbeddedBroker, free_port
     from inflight.consumers import publisher
     from inflight.producers.client import Client
@@ -30,7 +30,9 @@ def test_a_stalled_broker_causes_no_eviction_and_loses_nothing(tiny_model, tmp_p
 
     proxy_port = free_port()
     broker = EmbeddedBroker(log_path=tmp_path / "tansu.log", advertised_port=proxy_port).start()
+    request.addfinalizer(broker.stop)
     proxy = TcpProxy(("127.0.0.1", broker.port), port=proxy_port)
+    request.addfinalizer(proxy.cut)
     url = f"sqlite:///{tmp_path / 'inflight.db'}"
     store = Store(url, create=True)
     settings = make_settings(
@@ -97,5 +99,3 @@ def test_a_stalled_broker_causes_no_eviction_and_loses_nothing(tiny_model, tmp_p
         svc.stop()
         client.close()
         store.close()
-        proxy.cut()
-        broker.stop()
