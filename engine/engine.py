@@ -23,7 +23,7 @@ On CUDA the engine's device is made current, and its own stream the current stre
 around everything it does on the device (`DeviceScope`, engine/device.py), on whichever
 thread calls; `cuda` means the current device, `cuda:N` that one. Without an explicit
 `kv_cache_bytes` / `num_kv_blocks` the KV cache is sized after a profiling step at the
-largest batch (engine/kv_sizing.py, engine/profile_run.py) and the figure is logged.
+largest batch (engine/startup.py) and the figures are logged.
 """
 
 from __future__ import annotations
@@ -40,20 +40,18 @@ import torch
 from inflight.engine.config import EngineConfig
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.engine.device import DeviceScope, resolve_device
-from inflight.engine.kv_sizing import CudaMemoryProbe, KVCachePlan, MemoryProbe, plan_kv_cache
+from inflight.engine.kv_sizing import MemoryProbe
 from inflight.engine.kv_cache_manager import KVCacheManager
 from inflight.engine.logprobs import ScoreOutput, StepLogprobs, TokenLogprob, extend_prompt_logprobs
-from inflight.engine.model import LlamaModel
-from inflight.engine.model_runner import ModelRunner, StepHandle
+from inflight.engine.model_runner import StepHandle
 from inflight.engine.outputs import RequestOutput
-from inflight.engine.profile_run import profile_batch, profile_lengths, run_padded_decode, run_profile_step
 from inflight.engine.request import Request, RequestStatus
 from inflight.engine.sampling_params import SamplingParams
 from inflight.engine.scheduler import Scheduler
+from inflight.engine.startup import build_device_side
 from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
-from inflight.kernels.ops import get_ops
-from inflight.engine.errors import ConfigError, InflightError
+from inflight.engine.errors import InflightError
 from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
 
 log = logging.getLogger(__name__)
@@ -75,9 +73,12 @@ class Engine:
         self.device = resolve_device(config.device)
         self.scope = DeviceScope(self.device)
         folder = pathlib.Path(config.model)
-        self.kv_plan: KVCachePlan | None = None  # the figures the KV cache was sized from
         with self.scope:
-            self._build(config, folder, memory_probe)
+            side = build_device_side(config, folder, self.scope, memory_probe)
+        self.ops, self.model, self.runner = side.ops, side.model, side.runner
+        self.num_kv_blocks, self.cuda_graphs, self.kv_plan = side.num_kv_blocks, side.cuda_graphs, side.kv_plan
+        self.max_model_len = self.model.max_model_len
+        self.block_size = config.block_size
         self.tokenizer = Tokenizer(folder, self.model.config.eos_token_ids)
         root = hashlib.blake2b(f"{folder.resolve()}|{config.dtype}".encode(), digest_size=16).digest()
         self.kv = KVCacheManager(self.num_kv_blocks, config.block_size, config.enable_prefix_caching, root)
@@ -92,110 +93,10 @@ class Engine:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
 
-    # -- start-up: weights, runner, KV cache, graphs (in the engine's device scope) ----------
-    def _build(self, config: EngineConfig, folder: pathlib.Path, probe: MemoryProbe | None) -> None:
-        """Load, then size the KV cache (after a profiling step unless given), allocate it,
-        and only then capture the CUDA graphs (they hold the KV cache's addresses)."""
-        self.ops = get_ops(config.kernels, config.device)
-        sized = config.num_kv_blocks is not None or config.kv_cache_bytes is not None
-        if not sized and probe is None and self.device.type == "cuda":
-            probe = CudaMemoryProbe(self.device)
-        if sized:
-            probe = None
-        start = probe.snapshot() if probe is not None else None
-        self.model = LlamaModel(folder, self.ops, config.torch_dtype, self.device, config.max_model_len)
-        after_weights = probe.snapshot() if probe is not None else None
-        self.max_model_len = self.model.max_model_len
-        self.block_size = config.block_size
-        self.cuda_graphs = config.resolve_cuda_graphs(self.ops.name)
-        capture = self.cuda_graphs and self.device.type == "cuda"
-        if capture and self.ops.name != "triton":
-            log.warning("CUDA graphs need the Triton kernels (the torch path syncs with the "
-                        "host); running decode steps padded but uncaptured")
-            capture = False
-        self.runner = ModelRunner(self.model, config.block_size, config.seed,
-                                  max_num_seqs=config.max_num_seqs,
-                                  max_num_batched_tokens=config.max_num_batched_tokens,
-                                  cuda_graphs=self.cuda_graphs, poison=config.debug_checks,
-                                  stream=self.scope.stream)
-        if probe is not None:
-            self.num_kv_blocks = self._profiled_kv_blocks(probe, start, after_weights, capture)
-        else:
-            self.num_kv_blocks = self._num_kv_blocks(config)
-        self.runner.allocate_kv_cache(self.num_kv_blocks)
-        if capture:
-            before = probe.snapshot() if probe is not None else None
-            self.runner.capture_graphs()
-            if probe is not None:
-                self._log_graph_memory(probe, before)
-        self.scope.synchronize()
-
-    def _profiled_kv_blocks(self, probe: MemoryProbe, start, after_weights, capture: bool) -> int:
-        """Run the largest step on a throw-away KV cache, measure, and size the real one."""
-        cfg, runner = self.config, self.runner
-        before = probe.snapshot()
-        lengths = profile_lengths(cfg.max_num_batched_tokens, cfg.max_num_seqs, self.max_model_len)
-        sched, num_blocks = profile_batch(lengths, cfg.block_size)
-        runner.allocate_kv_cache(num_blocks)
-        try:
-            probe.reset_peak()
-            base = probe.snapshot().allocated
-            run_profile_step(runner, sched)
-            activations = max(0, probe.peak_allocated() - base)
-            graphs = 0
-            if capture:
-                probe.reset_peak()
-                base = probe.snapshot().allocated
-                run_padded_decode(runner)
-                static_logits = runner.graphs.sizes[-1] * self.model.config.vocab_size * 4
-                graphs = max(0, probe.peak_allocated() - base) + static_logits
-        finally:
-            runner.free_kv_cache()
-            probe.release()
-        plan = plan_kv_cache(start, after_weights, before, probe.snapshot(), activations=activations,
-                             graphs=graphs, fraction=cfg.kv_cache_memory_fraction,
-                             bytes_per_block=self.model.kv_bytes_per_block(cfg.block_size),
-                             block_size=cfg.block_size)
-        if plan.num_blocks < 1:
-            raise ConfigError(plan.shortfall())
-        log.info("%s; profiled: %d tokens in %d requests, all sampled with logprobs, prompt "
-                 "logprobs on every prompt row", plan.describe(), sum(lengths), len(lengths))
-        if plan.num_blocks * cfg.block_size < self.max_model_len:
-            log.warning("the KV cache holds %d tokens, less than max_model_len=%d: longer "
-                        "requests are refused (lower max_model_len or raise "
-                        "kv_cache_memory_fraction)", plan.num_blocks * cfg.block_size,
-                        self.max_model_len)
-        self.kv_plan = plan
-        return plan.num_blocks
-
-    def _log_graph_memory(self, probe: MemoryProbe, before) -> None:
-        probe.release()  # the warm-up runs' cached blocks are not the graphs' pool
-        after = probe.snapshot()
-        took = max(0, after.used - before.used)
-        kept = self.kv_plan.graphs if self.kv_plan is not None else 0
-        if took > kept:
-            log.warning("CUDA graphs took %.2f GiB, more than the %.2f GiB kept for them: "
-                        "lower kv_cache_memory_fraction if steps run out of memory",
-                        took / 2**30, kept / 2**30)
-        else:
-            log.info("CUDA graphs took %.2f GiB (%.2f GiB kept for them)", took / 2**30, kept / 2**30)
-
     def bind_thread(self) -> None:
         """Make this engine's device current on the calling thread for good (the thread
         that steps the engine calls it once; every step enters the device scope anyway)."""
         self.scope.bind_thread()
-
-    def _num_kv_blocks(self, config: EngineConfig) -> int:
-        per_block = self.model.kv_bytes_per_block(config.block_size)
-        if config.num_kv_blocks:
-            return config.num_kv_blocks
-        budget = config.kv_cache_bytes if config.kv_cache_bytes is not None else 1 << 30
-        blocks = budget // per_block
-        if blocks < 1:
-            raise ConfigError(f"EngineConfig.kv_cache_bytes={budget} is less than one KV block "
-                              f"({per_block} bytes at block_size={config.block_size}); "
-                              "raise kv_cache_bytes or set num_kv_blocks")
-        return blocks
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None,

@@ -17,6 +17,7 @@ numbers as without profiling), and its launch/result order is kept (one launch, 
 
 from __future__ import annotations
 
+from inflight.engine.kv_sizing import MemoryProbe
 from inflight.engine.model_runner import ModelRunner
 from inflight.engine.request import Request
 from inflight.engine.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -72,3 +73,27 @@ def run_padded_decode(runner: ModelRunner) -> None:
     graphs = runner.graphs
     graphs.clear_inputs(runner.batch.pad_row)
     graphs.body(graphs.inputs[:, :graphs.sizes[-1]])
+
+
+def profile_memory(runner: ModelRunner, probe: MemoryProbe, lengths: list[int],
+                   graphs: bool) -> tuple[int, int]:
+    """(peak activations of the profiling step, bytes to keep for the CUDA-graph pool or
+    0 without `graphs`), on a throw-away KV cache that is freed again, caches handed back."""
+    sched, num_blocks = profile_batch(lengths, runner.block_size)
+    runner.allocate_kv_cache(num_blocks)
+    try:
+        probe.reset_peak()
+        base = probe.snapshot().allocated
+        run_profile_step(runner, sched)
+        activations = max(0, probe.peak_allocated() - base)
+        pool = 0
+        if graphs:
+            probe.reset_peak()
+            base = probe.snapshot().allocated
+            run_padded_decode(runner)
+            static_logits = runner.graphs.sizes[-1] * runner.vocab_size * 4  # fp32, outside the pool
+            pool = max(0, probe.peak_allocated() - base) + static_logits
+    finally:
+        runner.free_kv_cache()
+        probe.release()
+    return activations, pool

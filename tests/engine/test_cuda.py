@@ -200,7 +200,7 @@ def test_kv_cache_sized_after_profiling(tmp_path_factory, caplog):
     dev = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
-    with caplog.at_level(logging.INFO, logger="inflight.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="inflight.engine.startup"):
         eng = Engine(EngineConfig(model=path, device="cuda", kv_cache_memory_fraction=0.3,
                                   max_num_seqs=64, max_num_batched_tokens=2048))
     plan = eng.kv_plan

@@ -144,7 +144,7 @@ def test_engine_sizes_kv_after_profiling_and_is_unchanged_by_it(tiny_model_path,
     plain = Engine(EngineConfig(model=tiny_model_path, num_kv_blocks=200, **kw))
     per_block = plain.model.kv_bytes_per_block(4)
     probe, total = fake_probe(per_block)
-    with caplog.at_level(logging.INFO, logger="inflight.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="inflight.engine.startup"):
         eng = Engine(EngineConfig(model=tiny_model_path, kv_cache_memory_fraction=0.5, **kw),
                      memory_probe=probe)
     assert probe.calls == ["snapshot", "snapshot", "snapshot", "reset_peak", "snapshot", "peak",
