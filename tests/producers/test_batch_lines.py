@@ -81,7 +81,7 @@ def test_anthropic_lines():
         "stop_sequences": ["\n\n"], "temperature": 0.5, "metadata": {"user_id": "u"}}})
     cid, req = checker(MSGS).check(1, line)
     assert cid == "m1" and [m.role for m in req.messages] == ["system", "user"]
-    assert req.messages[1].content == "Hi there" and req.params.stop == ["\n\n"]
+    assert req.messages[1].content == "Hi there" and req.params.stop == ("\n\n",)
     for params, field in [({"messages": [{"role": "user", "content": "x"}]}, "params.max_tokens"),
                           ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
                             "tools": []}, "params.tools"),
