@@ -64,7 +64,7 @@ class EngineConfig:
                 raise ConfigError(f"EngineConfig.{name}={getattr(self, name)} must be >= 1")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
             raise ConfigError(f"EngineConfig.kv_cache_bytes={self.kv_cache_bytes} must be >= 1 "
-                              "(or None to size the cache from free GPU memory)")
+                              "(or None to size the cache after a profiling step on CUDA, 1 GiB on CPU)")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ConfigError(f"EngineConfig.kv_cache_memory_fraction={self.kv_cache_memory_fraction} "
                               "must be in (0, 1]")
