@@ -5,12 +5,15 @@
                      when the step returned), one of the publisher's step slots each
     Engine.stats() every STATS_EVERY_S ─► the engine metrics' gauges
 
-No Kafka and no JSON happen on this thread. The inbox is bounded by the intake's in-flight
-limit (it admits at most that many requests); the publisher takes a bounded number of
-steps (consumers.handoff.Slots), so a publisher that falls behind slows the engine instead
-of filling memory. The engine then waits for a slot in slices of PUBLISH_WAIT_S, never
-without bound: between them it applies its inbox (aborts, adds) and sees halt(); the
-intake meanwhile admits nothing new and goes on polling (consumers.publisher).
+No Kafka and no JSON happen on this thread. It launches the engine's device work, so it
+makes the engine's device its current device first (`engine.bind_thread()`): CUDA's
+current device is per thread, and a worker on cuda:1 must not launch on device 0. The
+inbox is bounded by the intake's in-flight limit (it admits at most that many requests);
+the publisher takes a bounded number of steps (consumers.handoff.Slots), so a publisher
+that falls behind slows the engine instead of filling memory. The engine then waits for a
+slot in slices of PUBLISH_WAIT_S, never without bound: between them it applies its inbox
+(aborts, adds) and sees halt(); the intake meanwhile admits nothing new and goes on
+polling (consumers.publisher).
 """
 
 from __future__ import annotations
@@ -92,6 +95,9 @@ class EngineLoop:
         cpu0 = time.thread_time()
         next_stats = 0.0
         try:
+            bind = getattr(engine, "bind_thread", None)  # test fakes have no device
+            if bind is not None:
+                bind()
             while True:
                 if self.on_stats is not None and time.monotonic() >= next_stats:
                     next_stats = time.monotonic() + STATS_EVERY_S
