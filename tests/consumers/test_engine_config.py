@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from inflight.consumers.engine_bridge import ENGINE_SETTINGS, build_engine, engine_overrides
+from inflight.consumers.handoff import Slots
 from inflight.consumers.gpu_claim import claim_gpu
 from inflight.schemas import Settings
 from inflight.schemas.errors import ConfigError
@@ -114,7 +115,7 @@ def test_engine_loop_binds_its_thread_first():
         def has_unfinished(self):
             return False
 
-    loop = EngineLoop(Engine(), queue.Queue()).start()
+    loop = EngineLoop(Engine(), queue.Queue(), Slots(4)).start()
     loop.add("a", prompt_token_ids=[1])
     assert added.wait(5)
     loop.stop()
