@@ -11,7 +11,7 @@ baseline pads each static batch on the left and runs it to its longest output; b
 count only the tokens each request asked for. `--hf-num-requests N` runs the baseline on
 the first N requests only (its tok/s hardly depends on how many batches it runs; a GPU
 check has minutes, not the half hour HF needs for 2,048 requests). `--kv-cache-mib 0`
-lets the engine size its KV cache (on CUDA: from free GPU memory).
+lets the engine size its KV cache (on CUDA: after a profiling step, engine/startup.py).
 """
 
 from __future__ import annotations

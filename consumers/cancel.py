@@ -9,8 +9,10 @@ still queued when a worker starts, within the lookback.
 NOTE: the cancels of the lookback window are read before the worker admits anything: the
 constructor reads until a poll comes back empty (at most CATCH_UP_S) and the first poll()
 returns them. Until some message is stamped inside the window, the lookup is retried now
-and then. Values are a request id, raw or as `{"request_id": ...}`. Memory stays bounded:
-the worker remembers cancelled ids in an LRU set (the newest ones win).
+and then. Values (schemas.cancel): `{"request_id": ...}` (or a raw id) for one request,
+`{"batch_id": ...}` for every request of a batch. Memory stays bounded: the worker
+remembers cancelled request ids in an LRU set (the newest ones win) and cancelled batches
+for the lookback window (CancelledBatches).
 """
 
 from __future__ import annotations
@@ -18,29 +20,46 @@ from __future__ import annotations
 import logging
 import time
 
-import orjson
+from collections import OrderedDict
+
 from kafka import TopicPartition
 from kafka.errors import KafkaError
 
-from inflight.schemas.base import ID_RE
+from inflight.schemas.cancel import Cancel, parse_cancel
 from inflight.schemas.kafka_clients import partitions_of, plain_consumer
 from inflight.schemas.settings import Settings
 
 log = logging.getLogger("inflight.cancel")
 
+MAX_BATCHES = 100_000  # cancelled batches remembered at once (the oldest go first)
 
-def parse_cancel(value: bytes | None, key: bytes | None) -> str | None:
-    for raw in (value, key):
-        if not raw:
-            continue
-        try:
-            obj = orjson.loads(raw)
-            rid = obj.get("request_id") if isinstance(obj, dict) else obj
-        except orjson.JSONDecodeError:
-            rid = raw.decode("utf-8", "replace").strip()
-        if isinstance(rid, str) and ID_RE.match(rid):
-            return rid
-    return None
+
+class CancelledBatches:
+    """Batch ids cancelled within the lookback window, each with when it was cancelled
+    (the record's time stamp): kept until the window has passed over it."""
+
+    def __init__(self, lookback_s: float, maxlen: int = MAX_BATCHES):
+        self.lookback_s = lookback_s
+        self.maxlen = maxlen
+        self._at: OrderedDict[str, float] = OrderedDict()   # oldest first
+
+    def add(self, batch_id: str, at: float) -> None:
+        self._at.pop(batch_id, None)
+        self._at[batch_id] = at
+        self.prune()
+        while len(self._at) > self.maxlen:
+            self._at.popitem(last=False)
+
+    def prune(self, now: float | None = None) -> None:
+        horizon = (time.time() if now is None else now) - self.lookback_s
+        while self._at and next(iter(self._at.values())) < horizon:
+            self._at.popitem(last=False)
+
+    def __contains__(self, batch_id: object) -> bool:
+        return batch_id in self._at
+
+    def __len__(self) -> int:
+        return len(self._at)
 
 
 class CancelListener:
@@ -52,6 +71,9 @@ class CancelListener:
     # kafka-python's default a cancel reached the worker too late to stop a tiny model
     # before it finished (docs/benchmarks.md, delivery path).
     FETCH_MAX_WAIT_MS = 50
+    # the start offsets are looked up from the intake's thread, which must never wait long
+    # on the broker (it polls the group): a lookup that takes longer is tried again later
+    LOOKUP_TIMEOUT_MS = 200
 
     def __init__(self, settings: Settings, since: float | None = None):
         """Read cancels stamped at or after `since` (epoch seconds; default: now minus
@@ -71,9 +93,9 @@ class CancelListener:
             log.info("cancel topic: %d cancels from the last %.0fs", len(self._backlog),
                      time.time() - since)
 
-    def _catch_up(self) -> list[str]:
+    def _catch_up(self) -> list[tuple[Cancel, float]]:
         self._resolve()
-        ids: list[str] = []
+        ids: list[tuple[Cancel, float]] = []
         if len(self._unresolved) == len(self.tps):
             return ids  # nothing stamped inside the window yet
         deadline = time.monotonic() + self.CATCH_UP_S
@@ -87,7 +109,8 @@ class CancelListener:
             return
         self._next_resolve = now + self.RESOLVE_EVERY_S
         try:
-            found = self.consumer.offsets_for_times({tp: self.since_ms for tp in self._unresolved})
+            found = self.consumer.offsets_for_times({tp: self.since_ms for tp in self._unresolved},
+                                                    timeout_ms=self.LOOKUP_TIMEOUT_MS)
         except KafkaError as exc:
             log.warning("cancel topic: offsets_for_times failed (%s); retrying", exc)
             return
@@ -97,26 +120,27 @@ class CancelListener:
                 self.consumer.resume(tp)
                 self._unresolved.discard(tp)
 
-    def poll(self) -> list[str]:
-        """Request ids cancelled since the last call (the first call: also those of the
-        lookback window read at start). Never blocks."""
+    def poll(self) -> list[tuple[Cancel, float]]:
+        """(cancel, when it was sent: epoch seconds) of each cancel read since the last call
+        (the first call: also those of the lookback window read at start). Never blocks."""
         ids, self._backlog = self._backlog, []
         self._resolve()
         if len(self._unresolved) < len(self.tps):
             self._read(0, ids)
         return ids
 
-    def _read(self, timeout_ms: int, ids: list[str]) -> int:
-        """Append the request ids of one poll to `ids`; returns the number of records."""
+    def _read(self, timeout_ms: int, out: list[tuple[Cancel, float]]) -> int:
+        """Append the cancels of one poll to `out`; returns the number of records."""
         n = 0
+        now = time.time()
         for records in self.consumer.poll(timeout_ms=timeout_ms).values():
             n += len(records)
             for rec in records:
                 if rec.timestamp is not None and rec.timestamp < self.since_ms:
                     continue
-                rid = parse_cancel(rec.value, rec.key)
-                if rid is not None:
-                    ids.append(rid)
+                cancel = parse_cancel(rec.value, rec.key)
+                if cancel is not None:
+                    out.append((cancel, rec.timestamp / 1000.0 if rec.timestamp else now))
         return n
 
     def close(self) -> None:

@@ -2,12 +2,18 @@
 
     inbox (Add / Abort, from the intake) ─► engine.add_request / abort
     engine.step() ─► the publisher's queue (the step's RequestOutputs, as they are, and
-                     when the step returned)
+                     when the step returned), one of the publisher's step slots each
     Engine.stats() every STATS_EVERY_S ─► the engine metrics' gauges
 
-No Kafka and no JSON happen on this thread. The inbox is bounded by the intake's in-flight
-limit (it admits at most that many requests); the publisher's queue is bounded, so a
-publisher that falls behind slows the engine instead of filling memory.
+No Kafka and no JSON happen on this thread. It launches the engine's device work, so it
+makes the engine's device its current device first (`engine.bind_thread()`): CUDA's
+current device is per thread, and a worker on cuda:1 must not launch on device 0. The
+inbox is bounded by the intake's in-flight limit (it admits at most that many requests);
+the publisher takes a bounded number of steps (consumers.handoff.Slots), so a publisher
+that falls behind slows the engine instead of filling memory. The engine then waits for a
+slot in slices of PUBLISH_WAIT_S, never without bound: between them it applies its inbox
+(aborts, adds) and sees halt(); the intake meanwhile admits nothing new and goes on
+polling (consumers.publisher).
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from inflight.consumers.handoff import ABORT, ADD, ADD_FAILED, OUTPUTS
+from inflight.consumers.handoff import ABORT, ADD, ADD_FAILED, OUTPUTS, Slots
 from inflight.schemas.errors import InflightError
 
 log = logging.getLogger("inflight.worker")
 
 IDLE_WAIT_S = 0.05  # an idle engine waits this long on its inbox before looking again
 STATS_EVERY_S = 0.05  # Engine.stats() (the engine is not thread-safe: read here) -> metrics
+PUBLISH_WAIT_S = 0.1  # the publisher's step slots all taken: look again this often
 
 
 class EngineLike(Protocol):
@@ -38,14 +45,17 @@ class EngineLike(Protocol):
 
 
 class EngineLoop:
-    def __init__(self, engine: EngineLike, publish: "queue.Queue[tuple[str, Any]]",
-                 on_stats: Callable[[dict], None] | None = None):
+    def __init__(self, engine: EngineLike, publish: "queue.SimpleQueue[tuple[str, Any]]",
+                 slots: Slots, on_stats: Callable[[dict], None] | None = None):
         self.engine = engine
         self.on_stats = on_stats if hasattr(engine, "stats") else None
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._publish = publish
+        self._slots = slots
         self._stop = threading.Event()
+        self._halt = threading.Event()
         self.steps = 0
+        self.publish_waits = 0    # slices spent waiting for a publisher that fell behind
         self.cpu_s = 0.0          # CPU seconds of this thread so far (the engine's own cost)
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
@@ -67,6 +77,12 @@ class EngineLoop:
         self._stop.set()
         self.inbox.put(None)
 
+    def halt(self) -> None:
+        """Exit now, without finishing (shutdown gave up waiting on the publisher): what
+        runs is redone by the group, its offsets being uncommitted."""
+        self._halt.set()
+        self.stop()
+
     def join(self, timeout: float | None = None) -> bool:
         if self.thread is not None:
             self.thread.join(timeout)
@@ -79,35 +95,55 @@ class EngineLoop:
         cpu0 = time.thread_time()
         next_stats = 0.0
         try:
+            bind = getattr(engine, "bind_thread", None)  # test fakes have no device
+            if bind is not None:
+                bind()
             while True:
                 if self.on_stats is not None and time.monotonic() >= next_stats:
                     next_stats = time.monotonic() + STATS_EVERY_S
                     self.on_stats(engine.stats())
                 busy = engine.has_unfinished()
-                if not busy and self._stop.is_set():
+                if (not busy and self._stop.is_set()) or self._halt.is_set():
                     return
                 # NOTE: a busy engine never waits for commands; an idle one sleeps on its inbox.
                 try:
                     cmd = inbox.get_nowait() if busy else inbox.get(timeout=IDLE_WAIT_S)
                 except queue.Empty:
                     cmd = None
-                while cmd is not None:
+                if cmd is not None:
                     self._apply(cmd)
-                    try:
-                        cmd = inbox.get_nowait()
-                    except queue.Empty:
-                        cmd = None
+                    self._apply_inbox()
                 if engine.has_unfinished():
                     outputs = engine.step()
                     self.steps += 1
                     self.cpu_s = time.thread_time() - cpu0
-                    if outputs:
+                    if outputs and self._wait_for_slot():
                         publish.put((OUTPUTS, (outputs, time.time())))
         except BaseException as exc:  # noqa: BLE001 - reported to the worker, which stops
             log.exception("the engine loop failed; the worker stops")
             self.error = exc
         finally:
             self.cpu_s = time.thread_time() - cpu0
+
+    def _apply_inbox(self) -> None:
+        inbox = self.inbox
+        while True:
+            try:
+                cmd = inbox.get_nowait()
+            except queue.Empty:
+                return
+            if cmd is not None:
+                self._apply(cmd)
+
+    def _wait_for_slot(self) -> bool:
+        """A step slot of the publisher, waiting in bounded slices while the publisher is
+        behind; False when halted meanwhile (the step's outputs are dropped)."""
+        while not self._slots.take(PUBLISH_WAIT_S):
+            self.publish_waits += 1
+            if self._halt.is_set():
+                return False
+            self._apply_inbox()
+        return True
 
     def _apply(self, cmd: tuple[str, Any]) -> None:
         kind, payload = cmd

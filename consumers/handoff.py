@@ -1,6 +1,7 @@
 """What the worker's three threads hand each other (see consumers/worker.py for the picture).
 
-Everything here is built by one thread and only read after it is handed over: no locks.
+Everything here is built by one thread and only read after it is handed over: no locks
+(but in Slots, which two threads share).
 
     intake ──Admit/Reject/Final/HandBack──► publisher ◄──step outputs── engine loop
        │                                       │                           ▲
@@ -16,6 +17,7 @@ with an earlier, aborting copy of itself.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,3 +85,30 @@ DROPPED = "dropped"      # handed back: it ended without publishing anything
 # Commands on the engine loop's inbox.
 ADD = "add"              # (attempt, add_request keyword arguments)
 ABORT = "abort"          # attempt
+
+
+class Slots:
+    """A count of places that one thread takes and another gives back: the engine loop takes
+    one per step it hands the publisher, the publisher gives it back once it has handled the
+    step. Taking waits at most `timeout` seconds (never without bound)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.free = size
+        self._cond = threading.Condition()
+
+    def take(self, timeout: float) -> bool:
+        with self._cond:
+            if self.free <= 0 and not self._cond.wait_for(lambda: self.free > 0, timeout):
+                return False
+            self.free -= 1
+            return True
+
+    def give(self) -> None:
+        with self._cond:
+            self.free += 1
+            self._cond.notify()
+
+    @property
+    def used(self) -> int:
+        return self.size - self.free

@@ -3,8 +3,9 @@ thread-safe: poll, pause/resume, seek and commit all happen here, and nowhere el
 
     poll ─► decode/validate ─► admit (publisher: Admitted; engine loop: Add)
       │       └─ bad input ─► publisher: Rejected (error final + DLQ copy)
-      ├─ pause every partition at the in-flight limit; the batch topic while interactive
-      │  traffic keeps coming; everything while draining (still polling: see drain())
+      ├─ pause every partition at the in-flight limit, while the publisher is behind (a
+      │  slow or stalled broker) and while draining -- polling all along, so the worker
+      │  stays in its group; the batch topic while interactive traffic keeps coming
       ├─ settled tickets (from the publisher) ─► watermark ─► commit on a timer
       └─ rebalances: forget revoked offsets; hand back work whose partition moved
 
@@ -14,6 +15,11 @@ duplicate, which attaches to the running job instead of being marked done -- are
 done only then, so no commit ever passes a request whose final is unacknowledged, across
 rebalances too: a revoke drops the job's offsets of those partitions (the tracker forgets
 them), and a redelivery after the partition comes back attaches again.
+
+NOTE (never blocked): nothing on this thread waits without a short bound, so it polls at
+least every max.poll.interval.ms whatever the broker does: commands to the publisher go on
+an unbounded queue (bounded by the jobs held here), the periodic commit is asynchronous
+(one in flight at a time), and the cancel listener never blocks.
 """
 
 from __future__ import annotations
@@ -30,26 +36,27 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from inflight.consumers.cancel import CancelListener
+from inflight.consumers.cancel import CancelledBatches, CancelListener
 from inflight.consumers.engine_loop import EngineLoop
 from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.handoff import (ABORTED, ACKED, ADMIT, FINISHED, HAND_BACK, REJECT, Aborted,
                                Admitted, Rejected)
-from inflight.consumers.kafka_io import LRUSet, group_consumer
+from inflight.consumers.kafka_io import LRUSet, close_without_leaving, group_consumer
 from inflight.consumers.metrics import Metrics
 from inflight.consumers.offsets import OffsetTracker
 from inflight.schemas import ERR_INVALID_REQUEST, SchemaError, Settings, decode_request
 from inflight.schemas.base import ID_RE
-from inflight.schemas.errors import InflightError
 
 log = logging.getLogger("inflight.worker")
 
 COMMIT_EVERY_S = 0.25
+COMMIT_WAIT_MS = 5_000   # commit(wait=True) (shutdown, tests): at most this long
 CANCELS_EVERY_S = 0.1
 POLL_WAIT_MS = 50        # with room: how long a poll may wait for records
 SETTLE_WAIT_S = 0.05     # full (or draining): how long to wait for a settled ticket
 MAX_ENDINGS_FACTOR = 2   # jobs held in all (running + awaiting acks) <= this x max_inflight
 RECENT_IDS = 100_000     # finished request ids remembered to skip duplicates
+CANCELLED_IDS = 10_000   # cancelled request ids remembered (a batch's: CancelledBatches)
 
 
 @dataclass(slots=True)
@@ -63,6 +70,7 @@ class Job:
     sources: list[tuple[TopicPartition, int]]  # offsets its ending settles
     running: bool = False                   # in the engine (counts against the limit)
     handed_back: bool = False
+    batch_id: str | None = None
 
 
 def key_request_id(key: bytes | None) -> str | None:
@@ -77,10 +85,10 @@ def key_request_id(key: bytes | None) -> str | None:
 
 
 class Intake:
-    def __init__(self, settings: Settings, engine: EngineLoop, publish: queue.Queue,
+    def __init__(self, settings: Settings, engine: EngineLoop, publish: queue.SimpleQueue,
                  settled: queue.SimpleQueue, *, attempt_prefix: str, max_inflight: int,
                  metrics: Metrics, engine_metrics: EngineMetrics | None = None,
-                 publisher_failed: Any = lambda: False):
+                 publisher_behind: Any = lambda: False):
         self.settings = settings
         self.engine = engine
         self.publish = publish
@@ -89,7 +97,7 @@ class Intake:
         self.max_inflight = max_inflight
         self.metrics = metrics
         self.engine_metrics = engine_metrics
-        self.publisher_failed = publisher_failed
+        self.publisher_behind = publisher_behind
         # NOTE: `running` (jobs in the engine) is what the in-flight limit bounds; endings
         # waiting for their acks are bounded apart, by as many again (MAX_ENDINGS_FACTOR).
         self.jobs: dict[int, Job] = {}
@@ -98,7 +106,8 @@ class Intake:
         self.tracker = OffsetTracker()
         self.owned: set[TopicPartition] = set()  # partitions assigned, as the listener says
         self.recent = LRUSet(RECENT_IDS)
-        self.cancelled = LRUSet(10_000)
+        self.cancelled = LRUSet(CANCELLED_IDS)
+        self.cancelled_batches = CancelledBatches(settings.cancel_lookback_s)
         self.max_seen_inflight = 0
         self.draining = False
         self.consumer: Any = None
@@ -108,6 +117,9 @@ class Intake:
         self._interactive_busy = False
         self._last_commit = 0.0
         self._next_cancels = 0.0
+        self._commits: queue.SimpleQueue = queue.SimpleQueue()   # async commit outcomes
+        self._commit_in_flight = False
+        self._commit_future: Any = None
 
     # -- lifecycle ------------------------------------------------------------------------
     def open(self) -> "Intake":
@@ -119,12 +131,15 @@ class Intake:
         return self
 
     def close(self) -> None:
-        for closer in (self.cancels, self.consumer):
-            if closer is not None:
+        """Close the cancel reader and the group consumer; the group takes this worker's
+        partitions when its session expires (see kafka_io.close_without_leaving)."""
+        for close in (self.cancels and self.cancels.close,
+                      self.consumer and (lambda: close_without_leaving(self.consumer))):
+            if close:
                 try:
-                    closer.close()
+                    close()
                 except Exception:  # noqa: BLE001 - closing must not mask the real error
-                    log.exception("closing %s failed", type(closer).__name__)
+                    log.exception("closing the intake failed")
         self.cancels = self.consumer = None
 
     @property
@@ -144,11 +159,17 @@ class Intake:
         now = time.monotonic()
         if now >= self._next_cancels:
             self._next_cancels = now + CANCELS_EVERY_S
-            for rid in self.cancels.poll():
-                self._cancel(rid)
+            for cancel, at in self.cancels.poll():
+                if cancel.batch_id is not None:
+                    self._cancel_batch(cancel.batch_id, at)
+                else:
+                    self._cancel(cancel.request_id)
+            self.cancelled_batches.prune()
         room = self.room
-        closed = room <= 0 or self.draining
+        behind = self.publisher_behind()
+        closed = room <= 0 or self.draining or behind
         self._apply_pause(closed)
+        self.metrics.set("publisher_behind", int(behind))
         if closed:
             # Nothing may be admitted: wait for a settle, then poll without waiting so the
             # consumer still heartbeats and takes part in rebalances.
@@ -162,8 +183,9 @@ class Intake:
                 self._put_back(records)
         else:
             self._receive_all(records)
+        self._commit_outcomes()
         if time.monotonic() - self._last_commit >= COMMIT_EVERY_S:
-            self.commit()
+            self.commit(wait=False)
         self.metrics.set("in_flight", self.running)
         self.metrics.set("commit_lag", self.tracker.lag)
         self.metrics.maybe_log()
@@ -226,15 +248,16 @@ class Intake:
             return
         ticket = next(self._tickets)
         attempt = f"{self.attempt_prefix}.{ticket}"
-        if rid in self.cancelled:
-            self._add_job(Job(ticket, rid, None, tp, [(tp, rec.offset)]))
+        if rid in self.cancelled or req.batch_id in self.cancelled_batches:
+            self._add_job(Job(ticket, rid, None, tp, [(tp, rec.offset)], batch_id=req.batch_id))
             self._publish((ABORTED, Aborted(ticket, rid, attempt, req.batch_id,
                                                req.submitted_at, now)))
             return
         params = req.params  # the engine's SamplingParams, validated when decoded
         messages = ([m.model_dump(mode="json", exclude_none=True) for m in req.messages]
                     if req.messages is not None else None)
-        self._add_job(Job(ticket, rid, attempt, tp, [(tp, rec.offset)], running=True))
+        self._add_job(Job(ticket, rid, attempt, tp, [(tp, rec.offset)], running=True,
+                          batch_id=req.batch_id))
         self.running += 1
         # NOTE: the publisher hears of the attempt before the engine can produce output for it.
         self._publish((ADMIT, Admitted(
@@ -263,15 +286,8 @@ class Intake:
             key=rec.key)))
 
     def _publish(self, item: tuple[str, Any]) -> None:
-        """Hand `item` to the publisher, waiting while its queue is full (backpressure), but
-        not on a publisher that died (the worker then stops)."""
-        while True:
-            try:
-                self.publish.put(item, timeout=0.5)
-                return
-            except queue.Full:
-                if self.publisher_failed():
-                    raise InflightError("the publisher stopped; the worker stops") from None
+        """Hand `item` to the publisher (never waits: see the module's NOTE)."""
+        self.publish.put(item)
 
     # -- cancels ----------------------------------------------------------------------------
     def _cancel(self, rid: str) -> None:
@@ -280,6 +296,20 @@ class Intake:
         if job is not None and job.attempt is not None:
             self.engine.abort(job.attempt)
             log.info("cancelled %s", rid)
+
+    def _cancel_batch(self, batch_id: str, at: float) -> None:
+        """Every request of the batch: the running ones are aborted now, the ones still
+        queued end `cancelled` when they are read (see _receive)."""
+        fresh = batch_id not in self.cancelled_batches
+        self.cancelled_batches.add(batch_id, at)
+        n = 0
+        for job in self.jobs.values():
+            if job.batch_id == batch_id and job.attempt is not None and job.running \
+                    and not job.handed_back:
+                self.engine.abort(job.attempt)
+                n += 1
+        if fresh:
+            log.info("batch %s cancelled: %d running request(s) aborted", batch_id, n)
 
     # -- settling and commits ---------------------------------------------------------------
     def _wait_settled(self, timeout: float) -> None:
@@ -318,19 +348,61 @@ class Intake:
             if job.request_id is not None:
                 self.recent.add(job.request_id)
 
-    def commit(self) -> None:
-        """Commit each owned partition's watermark (a no-op when it has not moved)."""
+    def commit(self, wait: bool = True) -> None:
+        """Commit each owned partition's watermark (a no-op when it has not moved). `wait`:
+        synchronously, for at most COMMIT_WAIT_MS (shutdown, tests); else asynchronously,
+        one commit in flight at a time (the loop: it must never wait on the broker)."""
         self._last_commit = time.monotonic()
         self._handle_rebalances()
+        if self._commit_in_flight:
+            if not wait:
+                return
+            self._await_commit()
         assigned = self.consumer.assignment()
         offsets = {tp: off for tp, off in self.tracker.to_commit().items() if tp in assigned}
         if not offsets:
             return
-        try:
-            self.consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
-        except (CommitFailedError, KafkaError) as exc:
-            log.warning("commit failed (%s); the watermark is committed again later", exc)
+        commit = {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
+        if wait:
+            try:
+                self.consumer.commit(commit, timeout_ms=COMMIT_WAIT_MS)
+            except (CommitFailedError, KafkaError) as exc:
+                log.warning("commit failed (%s); the watermark is committed again later", exc)
+                return
+            self._committed(offsets)
             return
+        self._commit_in_flight = True
+        done = self._commits.put
+        try:
+            # NOTE: the callback runs on this thread, inside a later poll(); it only enqueues
+            self._commit_future = self.consumer.commit_async(
+                commit, callback=lambda _o, res: done((offsets, res)))
+        except (CommitFailedError, KafkaError) as exc:
+            done((offsets, exc))
+
+    def _commit_outcomes(self) -> None:
+        while True:
+            try:
+                offsets, res = self._commits.get_nowait()
+            except queue.Empty:
+                return
+            self._commit_in_flight = False
+            if isinstance(res, BaseException):
+                log.warning("commit failed (%s); the watermark is committed again later", res)
+            else:
+                self._committed(offsets)
+
+    def _await_commit(self) -> None:
+        """Let the commit in flight reach the broker before a synchronous one (so they land
+        in order); its outcome is applied at a later poll (marking older offsets committed
+        at worst costs one more commit)."""
+        deadline = time.monotonic() + COMMIT_WAIT_MS / 1000
+        fut = self._commit_future
+        while fut is not None and not fut.is_done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._commit_in_flight = False
+
+    def _committed(self, offsets: dict) -> None:
         self.tracker.mark_committed(offsets)
         self.metrics.inc("commits")
 

@@ -21,6 +21,25 @@ def group_consumer(settings: Settings, group: str, **overrides: Any) -> KafkaCon
     return connect(KafkaConsumer, settings, **opts)
 
 
+def close_without_leaving(consumer: KafkaConsumer) -> None:
+    """Close a group consumer without a LeaveGroup request: the group moves its partitions
+    when its session expires (session.timeout.ms), not at once.
+
+    NOTE (why): on Tansu, a member that leaves while another member's join is under way
+    wedges the group for good: every later joiner is told to follow the departed leader and
+    never gets a partition, even after all members left (reproduced with bare kafka-python
+    consumers in tests/consumers/test_group_recovery.py). A member whose session expires
+    instead is handled: the rebalance completes without it. The cost is one session
+    timeout before an idle group takes over a stopped worker's partitions; a worker that
+    joins during a drain gets them at once (the draining worker polls and takes part).
+    kafka-python has no option for it: a member whose generation is reset sends none."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    reset = getattr(coordinator, "reset_generation", None)
+    if reset is not None:
+        reset()
+    consumer.close(autocommit=False)
+
+
 class LRUSet:
     """A bounded set that forgets the oldest entries first."""
 

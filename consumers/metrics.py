@@ -24,8 +24,9 @@ COUNTERS = ("received", "admitted", "completed", "failed", "cancelled", "dlq", "
             "tokens_out", "commits", "rows_written", "db_retries", "rows_refused",
             "records_skipped")
 # the worker's delivery path
-COUNTERS += ("token_events", "send_retries", "send_errors", "handed_back", "rebalances")
-GAUGES = ("in_flight", "paused_partitions", "commit_lag")
+COUNTERS += ("token_events", "send_retries", "send_errors", "handed_back", "rebalances",
+             "rejoins")
+GAUGES = ("in_flight", "paused_partitions", "commit_lag", "publisher_behind")
 DOC = {
     "received": "messages polled from Kafka", "admitted": "requests handed to the engine",
     "completed": "requests that ended with a result", "failed": "requests that ended with an error",
@@ -43,6 +44,10 @@ DOC = {
     "final, a DLQ copy loses its body, a token delta is dropped)",
     "handed_back": "requests stopped because their partition moved or the worker stopped",
     "rebalances": "partition revocations seen",
+    "rejoins": "times the worker left its group and joined again as a new member, having "
+    "stayed unassigned while partitions had no owner",
+    "publisher_behind": "1 while engine steps wait unpublished (a slow or stalled broker): "
+    "nothing new is admitted",
 }
 
 

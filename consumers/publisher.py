@@ -10,6 +10,13 @@
                     at fault) on inflight.results, tracked until Kafka acknowledges it
     acks (consumers.endings) ─► the ticket's last message acknowledged ─► the intake commits
 
+NOTE (backpressure): the queue itself is unbounded, and never blocks anyone putting into
+it. The intake's commands are bounded by its own limits (every one belongs to a job it
+holds); engine steps are bounded by `steps` (Slots): the engine loop takes a slot per step
+and waits, in bounded slices, while all are taken. Once STEPS_BEHIND steps wait here the
+publisher is `behind`, and the intake stops admitting (partitions paused) but goes on
+polling, so a slow or stalled broker never costs the worker its place in the group.
+
 Events are encoded by consumers.event_bytes (orjson on plain values, no pydantic). Endings
 (final events, DLQ copies) are tracked until acknowledged by consumers.endings, which also
 deals with send failures. Token deltas and status events are not tracked: a lost one is
@@ -31,15 +38,16 @@ from kafka.partitioner.default import murmur2
 from inflight.consumers import event_bytes
 from inflight.consumers.dlq import dlq_headers, dlq_value
 from inflight.consumers.endings import DLQ, FINAL, Ending, Endings, Message
-from inflight.consumers.handoff import (ABORTED, ADD_FAILED, ADMIT, DROPPED, FINISHED, HAND_BACK, OUTPUTS,
-                               REJECT, STOP, Aborted, Admitted, Rejected)
+from inflight.consumers.handoff import (ABORTED, ADD_FAILED, ADMIT, DROPPED, FINISHED, HAND_BACK,
+                                       OUTPUTS, REJECT, STOP, Aborted, Admitted, Rejected, Slots)
 from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.metrics import Metrics
 from inflight.schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, Settings
 
 log = logging.getLogger("inflight.worker")
 
-QUEUE_SIZE = 1024          # engine steps (and intake commands) waiting to be published
+QUEUE_SIZE = 1024          # engine steps waiting to be published, at most
+STEPS_BEHIND = 256         # ... from this many on, the intake admits nothing new
 BATCH = 256                # commands handled before acks, retries and flushes get a turn
 ACK_POLL_S = 0.005         # how often acks are looked at while some are outstanding
 IDLE_S = 0.1
@@ -77,7 +85,8 @@ class EventPublisher:
         self.metrics = metrics
         self.engine_metrics = engine_metrics
         self.shape_logprobs = logprobs
-        self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_SIZE)
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.steps = Slots(QUEUE_SIZE)
         self.topic_results = settings.topic_results
         self.topic_tokens = settings.topic_results_tokens
         self.interval_s = settings.stream_interval_ms / 1000.0
@@ -112,14 +121,16 @@ class EventPublisher:
         self.thread.start()
         return self
 
+    @property
+    def behind(self) -> bool:
+        """Engine steps pile up unpublished (a slow or stalled broker): admit nothing new."""
+        return self.steps.used >= STEPS_BEHIND
+
     def stop(self, ack_timeout: float = 10.0) -> None:
         """Flush, wait up to `ack_timeout` seconds for outstanding acknowledgements, exit."""
         if self.thread is None or not self.thread.is_alive():
             return
-        try:
-            self.queue.put((STOP, ack_timeout), timeout=30)
-        except queue.Full:
-            log.error("the publisher is stuck; stopping without it")
+        self.queue.put((STOP, ack_timeout))
 
     def join(self, timeout: float | None = None) -> bool:
         if self.thread is not None:
@@ -190,7 +201,10 @@ class EventPublisher:
     def handle(self, item: tuple[str, Any]) -> None:
         kind, payload = item
         if kind == OUTPUTS:
-            self._outputs(*payload)
+            try:
+                self._outputs(*payload)
+            finally:
+                self.steps.give()
         elif kind == ADMIT:
             self._admit(payload)
         elif kind == REJECT:

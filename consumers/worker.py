@@ -11,8 +11,10 @@ Three threads, so the engine never waits on Kafka or JSON:
 
 (consumers/intake.py, engine_loop.py, publisher.py; what they hand each other:
 consumers/handoff.py.) The in-flight limit bounds the intake's admissions and so the
-engine's inbox; the publisher's queue is bounded, so a slow broker slows the engine
-instead of filling memory.
+engine's inbox; the publisher takes a bounded number of engine steps, so a slow broker
+slows the engine instead of filling memory, and stops admission while the intake goes on
+polling (no thread waits on the broker without a short bound: the worker stays in its
+group through a stalled broker).
 
 Delivery (DESIGN.md): a partition's offset is committed only below every request whose
 final event Kafka has acknowledged (consumers.offsets), rebalances included. Bad input gets
@@ -74,12 +76,12 @@ class Worker:
                                         metrics=self.metrics, engine_metrics=self.engine_metrics,
                                         logprobs=LogprobShaper(tokenizer) if tokenizer is not None
                                         else None)
-        self.engine_loop = EngineLoop(engine, self.publisher.queue,
+        self.engine_loop = EngineLoop(engine, self.publisher.queue, self.publisher.steps,
                                       on_stats=self.engine_metrics.observe_stats)
         self.intake = Intake(settings, self.engine_loop, self.publisher.queue, settled,
                              attempt_prefix=self.generation, max_inflight=self.max_inflight,
                              metrics=self.metrics, engine_metrics=self.engine_metrics,
-                             publisher_failed=lambda: self.publisher.error is not None)
+                             publisher_behind=lambda: self.publisher.behind)
         self.lag: LagProbe | None = None
         self.producer: Any = None
         self._stopping = False
@@ -149,6 +151,7 @@ class Worker:
         self.intake.drain(s.worker_drain_timeout_s, stopped=lambda: self.failure is not None)
         self.engine_loop.stop()
         self._poll_while(lambda: not self.engine_loop.join(0), PUBLISHER_ACK_TIMEOUT_S)
+        self.engine_loop.halt()  # a publisher stuck behind: what runs is redone elsewhere
         self.publisher.stop(PUBLISHER_ACK_TIMEOUT_S)
         self._poll_while(lambda: not self.publisher.join(0), PUBLISHER_ACK_TIMEOUT_S + 5)
         self.intake.run_once()  # the last settled tickets

@@ -20,8 +20,9 @@ class EngineConfig:
     - `model`: a Hugging Face folder (config.json, *.safetensors, tokenizer.json).
     - `block_size`: tokens per KV block.
     - `kv_cache_bytes` / `num_kv_blocks`: the KV budget; `num_kv_blocks` wins when set.
-      Neither set: on CUDA, `kv_cache_memory_fraction` of the GPU memory free once the
-      weights are loaded (the figure is logged); elsewhere 1 GiB.
+      Neither set: on CUDA, sized after a profiling step at the largest batch so that
+      weights, activations, CUDA graphs and the KV cache fit in `kv_cache_memory_fraction`
+      of the device's memory (engine/kv_sizing.py; the figures are logged); elsewhere 1 GiB.
     - `max_num_seqs`: most requests running at once; `max_num_batched_tokens`: tokens per
       forward pass (the step budget; longer prompts are prefilled in chunks).
     - `max_model_len`: context cap (default: the checkpoint's max_position_embeddings).
@@ -63,7 +64,7 @@ class EngineConfig:
                 raise ConfigError(f"EngineConfig.{name}={getattr(self, name)} must be >= 1")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
             raise ConfigError(f"EngineConfig.kv_cache_bytes={self.kv_cache_bytes} must be >= 1 "
-                              "(or None to size the cache from free GPU memory)")
+                              "(or None to size the cache after a profiling step on CUDA, 1 GiB on CPU)")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ConfigError(f"EngineConfig.kv_cache_memory_fraction={self.kv_cache_memory_fraction} "
                               "must be in (0, 1]")

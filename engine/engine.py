@@ -16,7 +16,14 @@ With `overlap_outputs` (the default on CUDA) a step launches the next forward pa
 and then processes the previous one's tokens while the device runs, so `step()` returns
 the outputs of the step before; the outputs, their order and finish reasons are the same.
 A request that stops (EOS, stop string) was already scheduled once more: that token is
-dropped.
+dropped. A step's full blocks enter the prefix cache once that step has completed (its
+result read without error), never while it may still be writing them.
+
+On CUDA the engine's device is made current, and its own stream the current stream,
+around everything it does on the device (`DeviceScope`, engine/device.py), on whichever
+thread calls; `cuda` means the current device, `cuda:N` that one. Without an explicit
+`kv_cache_bytes` / `num_kv_blocks` the KV cache is sized after a profiling step at the
+largest batch (engine/startup.py) and the figures are logged.
 """
 
 from __future__ import annotations
@@ -32,18 +39,19 @@ import torch
 
 from inflight.engine.config import EngineConfig
 from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.engine.device import DeviceScope, resolve_device
+from inflight.engine.kv_sizing import MemoryProbe
 from inflight.engine.kv_cache_manager import KVCacheManager
 from inflight.engine.logprobs import ScoreOutput, StepLogprobs, TokenLogprob, extend_prompt_logprobs
-from inflight.engine.model import LlamaModel
-from inflight.engine.model_runner import ModelRunner, StepHandle
+from inflight.engine.model_runner import StepHandle
 from inflight.engine.outputs import RequestOutput
 from inflight.engine.request import Request, RequestStatus
 from inflight.engine.sampling_params import SamplingParams
 from inflight.engine.scheduler import Scheduler
+from inflight.engine.startup import build_device_side
 from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
-from inflight.kernels.ops import get_ops
-from inflight.engine.errors import ConfigError, InflightError
+from inflight.engine.errors import InflightError
 from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
 
 log = logging.getLogger(__name__)
@@ -58,30 +66,24 @@ class ScoreError(InflightError, ValueError):
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, *, memory_probe: MemoryProbe | None = None):
+        """`memory_probe` measures device memory for sizing the KV cache (default: torch's
+        CUDA allocator, on CUDA); a fake one runs the sizing on CPU (tests)."""
         self.config = config
-        self.ops = get_ops(config.kernels, config.device)
+        self.device = resolve_device(config.device)
+        self.scope = DeviceScope(self.device)
         folder = pathlib.Path(config.model)
-        self.model = LlamaModel(folder, self.ops, config.torch_dtype, config.device, config.max_model_len)
-        self.tokenizer = Tokenizer(folder, self.model.config.eos_token_ids)
+        with self.scope:
+            side = build_device_side(config, folder, self.scope, memory_probe)
+        self.ops, self.model, self.runner = side.ops, side.model, side.runner
+        self.num_kv_blocks, self.cuda_graphs, self.kv_plan = side.num_kv_blocks, side.cuda_graphs, side.kv_plan
         self.max_model_len = self.model.max_model_len
         self.block_size = config.block_size
-        self.num_kv_blocks = self._num_kv_blocks(config)
+        self.tokenizer = Tokenizer(folder, self.model.config.eos_token_ids)
         root = hashlib.blake2b(f"{folder.resolve()}|{config.dtype}".encode(), digest_size=16).digest()
         self.kv = KVCacheManager(self.num_kv_blocks, config.block_size, config.enable_prefix_caching, root)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_preemptions)
-        self.cuda_graphs = config.resolve_cuda_graphs(self.ops.name)
-        capture = self.cuda_graphs and self.model.device.type == "cuda"
-        if capture and self.ops.name != "triton":
-            log.warning("CUDA graphs need the Triton kernels (the torch path syncs with the "
-                        "host); running decode steps padded but uncaptured")
-            capture = False
-        self.runner = ModelRunner(self.model, self.num_kv_blocks, config.block_size, config.seed,
-                                  max_num_seqs=config.max_num_seqs,
-                                  max_num_batched_tokens=config.max_num_batched_tokens,
-                                  cuda_graphs=self.cuda_graphs, capture=capture,
-                                  poison=config.debug_checks)
         self.overlap = config.resolve_overlap_outputs()
         self._inflight: StepHandle | None = None  # launched, outputs not processed (overlap)
         self.requests: dict[str, Request] = {}
@@ -91,25 +93,10 @@ class Engine:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
 
-    def _num_kv_blocks(self, config: EngineConfig) -> int:
-        per_block = self.model.kv_bytes_per_block(config.block_size)
-        if config.num_kv_blocks:
-            return config.num_kv_blocks
-        budget = config.kv_cache_bytes
-        if budget is None and config.is_cuda:
-            free, total = torch.cuda.mem_get_info(self.model.device)
-            budget = int(free * config.kv_cache_memory_fraction)
-            log.info("KV cache: %.2f GiB = %.2f x %.2f GiB free of %.2f GiB after the weights "
-                     "(EngineConfig.kv_cache_memory_fraction / kv_cache_bytes)", budget / 2**30,
-                     config.kv_cache_memory_fraction, free / 2**30, total / 2**30)
-        elif budget is None:
-            budget = 1 << 30
-        blocks = budget // per_block
-        if blocks < 1:
-            raise ConfigError(f"EngineConfig.kv_cache_bytes={budget} is less than one KV block "
-                              f"({per_block} bytes at block_size={config.block_size}); "
-                              "raise kv_cache_bytes or set num_kv_blocks")
-        return blocks
+    def bind_thread(self) -> None:
+        """Make this engine's device current on the calling thread for good (the thread
+        that steps the engine calls it once; every step enters the device scope anyway)."""
+        self.scope.bind_thread()
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None,
@@ -191,6 +178,10 @@ class Engine:
 
     # -- one step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        with self.scope:
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         if self.overlap:
             return self._step_overlapped(outputs)
@@ -207,7 +198,7 @@ class Engine:
             return outputs
         samplers = handle.samplers
         self._advance(sched, len(samplers))
-        self._cache_blocks(sched.requests)
+        self._cache_completed(handle)
         now = time.time()
         lps = self._take_logprobs(handle.logprobs)
         for req, token in zip(samplers, tokens):
@@ -242,9 +233,6 @@ class Engine:
             self._process(prev, outputs)
         if failed is not None:
             self._fail([r for r in sched.requests if not r.is_finished], failed, outputs)
-        if launched is not None:
-            # after _process: the tokens of every computed position are known now
-            self._cache_blocks([r for r in launched.requests if not r.is_finished])
         if self.config.debug_checks:
             self.kv.check_invariants(list(self.requests.values()))
         return outputs
@@ -256,6 +244,7 @@ class Engine:
             log.exception("forward pass failed")
             self._fail([r for r in handle.requests if not r.is_finished], exc, outputs)
             return
+        self._cache_completed(handle)  # before the tokens: a request they finish frees its blocks
         now = time.time()
         lps = self._take_logprobs(handle.logprobs)
         for req, token in zip(handle.samplers, tokens):
@@ -286,10 +275,19 @@ class Engine:
                 decodes += 1
         self.counters.record_step(sched.total_tokens, decodes, len(sched.requests), num_sampled)
 
-    def _cache_blocks(self, reqs: list[Request]) -> None:
+    def _cache_completed(self, handle: StepHandle) -> None:
+        """Make the full blocks a completed step wrote findable in the prefix cache.
+
+        NOTE: only once the step is done: with overlapped outputs the next step is already
+        launched, and a request's computed tokens count that step's too; until a step's
+        result is read without error its blocks may hold nothing valid (a failed step),
+        and a hit on them would read garbage. A request preempted since holds no blocks
+        (its computed count is 0); every token of a completed step's positions is known
+        on the host by now (the step before it was processed first)."""
         if self.kv.enable_caching:
-            for req in reqs:
-                self.kv.cache_full_blocks(req)
+            for req, done in zip(handle.requests, handle.seq_lens):
+                if not req.is_finished:
+                    self.kv.cache_full_blocks(req, done)
 
     def _fail(self, reqs: list[Request], exc: Exception, outputs: list[RequestOutput]) -> None:
         for req in reqs:

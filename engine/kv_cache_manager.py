@@ -61,14 +61,19 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def hashes_in_flight(self, requests: Sequence[Request]) -> set[BlockHash]:
-        """Hashes of the full blocks these requests have still to compute."""
+        """Hashes of the full blocks these requests have still to compute, or computed by a
+        step whose result is not read yet (with overlapped outputs blocks are registered a
+        step after they are computed: engine.Engine._cache_completed)."""
         if not self.enable_caching:
             return set()
         out: set[BlockHash] = set()
+        bs = self.block_size
         for req in requests:
-            if req.num_tokens - req.num_computed_tokens > self.block_size:
+            first = min(req.num_registered_blocks, req.num_computed_tokens // bs)
+            if req.num_tokens - req.num_computed_tokens > bs or \
+                    req.num_computed_tokens // bs > req.num_registered_blocks:
                 self._update_hashes(req)
-                out.update(req.block_hashes[req.num_computed_tokens // self.block_size:])
+                out.update(req.block_hashes[first:])
         return out
 
     def next_block_in(self, req: Request, num_hit_blocks: int, hashes: set[BlockHash]) -> bool:
@@ -80,11 +85,13 @@ class KVCacheManager:
         self.num_queried_tokens += num_tokens
         self.num_hit_tokens += num_hit_tokens
 
-    def cache_full_blocks(self, req: Request) -> None:
-        """Make req's newly computed full blocks findable."""
+    def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
+        """Make req's newly computed full blocks findable: those within its first
+        `num_tokens` tokens (default: all computed ones), which must be written already."""
         if not self.enable_caching:
             return
-        n_full = req.num_computed_tokens // self.block_size
+        done = req.num_computed_tokens if num_tokens is None else min(num_tokens, req.num_computed_tokens)
+        n_full = done // self.block_size
         if n_full <= req.num_registered_blocks:
             return
         self._update_hashes(req)

@@ -111,22 +111,25 @@ class StepLogprobs:
 
     @classmethod
     def compute(cls, model, logits: torch.Tensor, sampled: torch.Tensor, sample_reqs: list,
-                sample_pos: list[int], prompt_rows: list, prompt_hidden: torch.Tensor | None) -> "StepLogprobs":
-        """`sample_reqs[j]` sits at logits row `sample_pos[j]`; `prompt_rows`: (request,
-        start, stop) per request whose prompt positions start..stop-1 are, in order, the rows
-        of `prompt_hidden` (position p scores prompt token p + 1)."""
+                sample_pos: list[int], sample_idx: torch.Tensor, prompt_rows: list,
+                prompt_hidden: torch.Tensor | None, targets: list[int],
+                targets_dev: torch.Tensor) -> "StepLogprobs":
+        """`sample_reqs[j]` sits at logits row `sample_pos[j]` (`sample_idx`: the same on the
+        device); `prompt_rows`: (request, start, stop) per request whose prompt positions
+        start..stop-1 are, in order, the rows of `prompt_hidden` (position p scores prompt
+        token p + 1: `targets`, and `targets_dev` on the device).
+        NOTE: the index tensors come from the caller's staged copy: building them here from
+        lists would be a synchronous pageable copy in the middle of a launch."""
         sample = None
         ns = [r.params.logprobs for r in sample_reqs]
         if sample_pos:
-            idx = torch.tensor(sample_pos, device=logits.device)
-            sample = LogprobRows.compute(logits[idx], sampled[idx], max(ns))
-        spans, targets, pns, prompt = [], [], [], None
+            sample = LogprobRows.compute(logits[sample_idx], sampled[sample_idx], max(ns))
+        spans, pns, prompt = [], [], None
         if prompt_rows:
             for req, start, stop in prompt_rows:
                 spans.append((req, start + 1, stop - start))
-                targets += req.prompt_token_ids[start + 1:stop + 1]
                 pns += [req.params.prompt_logprobs] * (stop - start)
-            t = torch.tensor(targets, device=prompt_hidden.device)
+            t = targets_dev
             top_n = max(pns)
             prompt = LogprobRows.cat([
                 LogprobRows.compute(model.compute_logits(prompt_hidden[i:i + PROMPT_CHUNK]),

@@ -27,11 +27,20 @@ a decode) and numpy copies; no per-token Python objects for decodes.
 `execute(sched)` runs a step to the end. `launch(sched)` / `result(handle)` split it for
 output processing overlapped with the next step: `launch` returns once the step is queued
 on the device, `result` waits for its sampled ids (one device-to-host copy per step).
+
+NOTE: launch/result order. On CUDA step k's sampled ids land in pinned buffer k % 2, read
+by `result`; nothing but the order keeps launch k + 2 from overwriting step k's ids before
+they are read. So at most one launched step may be unread when a step is launched, and
+results are taken in launch order; anything else raises `StepOrderError` (a bug). All
+device work goes on the engine's stream (engine/device.py) and the runner's events are
+recorded on it. Nothing in a launch copies host data to the device but the one staged,
+pinned copy (a synchronous pageable copy would stall the host until the device is idle).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -58,25 +67,37 @@ class StepHandle:
     samplers: list[Request]       # those that sample, in schedule order
     sample_pos: list[int] | None  # their positions among `requests` (None: all sample)
     sampled: torch.Tensor         # [n] device
+    seq: int                      # launch number (the launch/result order)
+    seq_lens: list[int]           # each request's computed tokens once this step is done
     host_out: torch.Tensor | None = None  # pinned [n] (CUDA)
     event: torch.cuda.Event | None = None
     logprobs: StepLogprobs | None = None  # when a request asked for logprobs (resolved by result)
 
 
+class StepOrderError(RuntimeError):
+    """A step was launched or read out of the order the pinned double buffers rely on."""
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int, *,
+    def __init__(self, model: LlamaModel, block_size: int, seed: int, *,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-                 cuda_graphs: bool = False, capture: bool = False, poison: bool = False):
-        """`cuda_graphs`: run decode-only steps padded on static buffers; `capture`: record
-        them as CUDA graphs (CUDA only; otherwise they run eagerly on the same buffers, and
-        on CPU the block table and step inputs are kept in separate "device" buffers updated
-        by diffs and copies, as on CUDA, so CPU tests run that logic too).
-        `poison`: fill freed batch rows with an out-of-range block id (tests)."""
+                 cuda_graphs: bool = False, poison: bool = False,
+                 stream: torch.cuda.Stream | None = None):
+        """`cuda_graphs`: run decode-only steps padded on static buffers (recorded as CUDA
+        graphs by `capture_graphs`, CUDA only; otherwise they run eagerly on the same
+        buffers, and on CPU the block table and step inputs are kept in separate "device"
+        buffers updated by diffs and copies, as on CUDA, so CPU tests run that logic too).
+        `poison`: fill freed batch rows with an out-of-range block id (tests). `stream`:
+        the engine's stream (CUDA), where the runner's events are recorded.
+        The KV cache comes after (`allocate_kv_cache`): the engine sizes it by profiling
+        a step on this runner first."""
         self.model = model
         self.block_size = block_size
         self.device = model.device
         self.cuda = self.device.type == "cuda"
-        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
+        self.stream = stream if stream is not None or not self.cuda else \
+            torch.cuda.current_stream(self.device)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self.vocab_size = model.config.vocab_size
@@ -85,8 +106,9 @@ class ModelRunner:
         separate = cuda_graphs or self.cuda
         self.batch = InputBatch(max_num_seqs, max_blocks, self.device, poison=poison,
                                 shared=not separate)
-        self.staging = Staging(6 * max_num_seqs + 2 * max_num_batched_tokens + 64, self.device,
-                               separate=separate)
+        # room for a prompt-logprob step's extra rows too, so it needs no regrowth (a sync)
+        self.staging = Staging(7 * max_num_seqs + 4 * max_num_batched_tokens + 64, self.device,
+                               separate=separate, stream=self.stream)
         # the last step's sampled ids, by position in that step (inputs of pending decodes)
         self.sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=self.device)
         n_ar = max(max_num_seqs, max_num_batched_tokens) + 1
@@ -94,7 +116,8 @@ class ModelRunner:
         self._arange64 = torch.arange(n_ar, dtype=torch.int64, device=self.device)
         if self.cuda:
             self._outs = [torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(2)]
-            self._out_k = 0
+        self._next_seq = 0          # launch number of the next step
+        self._unread: deque[int] = deque()  # launched steps whose result was not taken yet
         self._prev_index: dict = {}
         self.num_device_fed = 0  # input tokens taken from the last step's samples (overlap)
         self._greedy = SamplingBatch(torch.empty(0), None, None, [], True)
@@ -102,8 +125,23 @@ class ModelRunner:
         if cuda_graphs:
             self.graphs = DecodeGraphs(max_num_seqs, self.device, self._decode_body, self.vocab_size)
             self.graphs.clear_inputs(self.batch.pad_row)
-            if capture:
-                self.graphs.capture(self.batch.pad_row)
+
+    # -- the KV cache and the graphs that read it ------------------------------------------
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size)
+
+    def free_kv_cache(self) -> None:
+        """Drop the KV cache (the profiling one); no graph may hold it."""
+        if self.graphs is not None and self.graphs.graphs:
+            raise RuntimeError("the KV cache is captured in CUDA graphs: it cannot be replaced")
+        self.kv_caches = None
+
+    def capture_graphs(self) -> None:
+        """Record the padded decode steps as CUDA graphs (on the final KV cache: a graph
+        holds the addresses it was captured with)."""
+        if self.graphs is None or self.kv_caches is None:
+            raise RuntimeError("capture_graphs needs cuda_graphs=True and the KV cache allocated")
+        self.graphs.capture(self.batch.pad_row)
 
     # -- the batch's rows ----------------------------------------------------------------
     def remove(self, req: Request) -> None:
@@ -120,14 +158,21 @@ class ModelRunner:
     def launch(self, sched: SchedulerOutput, overlapped: bool = False) -> StepHandle:
         """Queue one step on the device. With `overlapped`, the next launch may come before
         this step's result, feeding its pending tokens from the device."""
+        if len(self._unread) > 1:
+            raise StepOrderError(f"launch of step {self._next_seq} while steps {list(self._unread)} "
+                                 "are unread: at most one step may be in flight unread (the "
+                                 "sampled ids' pinned buffers are double, not deeper)")
         try:
-            return self._launch(sched, overlapped)
+            handle = self._launch(sched, overlapped, self._next_seq)
         except Exception:
             self.batch.resync()  # the step's block-table diffs may not have reached the device
             raise
+        self._unread.append(handle.seq)
+        self._next_seq += 1
+        return handle
 
     @torch.inference_mode()
-    def _launch(self, sched: SchedulerOutput, overlapped: bool) -> StepHandle:
+    def _launch(self, sched: SchedulerOutput, overlapped: bool, seq: int) -> StepHandle:
         reqs, ns = sched.requests, sched.num_tokens
         n = len(reqs)
         batch = self.batch
@@ -144,6 +189,7 @@ class ModelRunner:
         lp_pos: list[int] = []
         prompt_rows: list[tuple[Request, int, int]] = []  # (req, start, stop): prompt logprobs
         prompt_at: list[int] = []      # their token rows in the step
+        prompt_targets: list[int] = []  # the prompt token each of those rows scores
         width = 0
         pos = 0
         for i, (req, k) in enumerate(zip(reqs, ns)):
@@ -173,6 +219,7 @@ class ModelRunner:
                 stop = min(end, req.num_prompt_tokens - 1)  # rows start..stop-1 score a prompt token
                 prompt_rows.append((req, start, stop))
                 prompt_at.extend(range(pos, pos + stop - start))
+                prompt_targets += req.prompt_token_ids[start + 1:stop + 1]
             pos += k
             if end == known + req.num_pending:
                 samplers.append(req)
@@ -187,10 +234,11 @@ class ModelRunner:
         L = P or n        # rows in the packed inputs (padded for a graph step)
         TL = P or T
 
-        # -- pack: rows | seq_lens | ids | src | qsl | diffs | sampling ----------------------
+        # -- pack: rows | seq_lens | ids | src | qsl | diffs | sampling | logprob rows ------
         d = batch.num_diff_entries
         random = batch.num_random > 0
-        buf = self.staging.host(2 * L + 2 * TL + n + 1 + 3 * d + 3 * n)
+        R = len(prompt_at)
+        buf = self.staging.host(2 * L + 2 * TL + n + 1 + 3 * d + 3 * n + len(lp_pos) + 2 * R)
         buf[:n] = rows
         buf[n:L] = batch.pad_row
         buf[L:L + n] = seq_lens
@@ -228,6 +276,12 @@ class ModelRunner:
                     o += n
             else:
                 random = False
+        o_lp = o  # logits rows of the logprob samplers | prompt rows | their target tokens
+        buf[o:o + len(lp_pos)] = lp_pos
+        o += len(lp_pos)
+        buf[o:o + R] = prompt_at
+        buf[o + R:o + 2 * R] = prompt_targets
+        o += 2 * R
         dev = self.staging.send(o)
 
         # -- device work ----------------------------------------------------------------
@@ -257,29 +311,35 @@ class ModelRunner:
             self.graphs.inputs[:, :P].copy_(dev[:4 * P].view(4, P))
             step_inputs = (P, None)
         else:
-            extra = torch.tensor(prompt_at, dtype=torch.int64, device=self.device) if prompt_at else None
+            extra = dev[o_lp + len(lp_pos):o_lp + len(lp_pos) + R].long() if R else None
             step_inputs = (None, (dev, n, T, width, o_qsl, bool(src_at), extra))
         sampled, logits, prompt_hidden = self.device_step(step_inputs, n, sampling)
 
-        handle = StepHandle(reqs, samplers, None if len(samplers) == n else sample_pos, sampled)
+        handle = StepHandle(reqs, samplers, None if len(samplers) == n else sample_pos, sampled,
+                            seq, seq_lens)
         if lp_pos or prompt_rows:
-            handle.logprobs = StepLogprobs.compute(self.model, logits, sampled, lp_reqs, lp_pos,
-                                                   prompt_rows, prompt_hidden)
+            at = o_lp + len(lp_pos)
+            handle.logprobs = StepLogprobs.compute(
+                self.model, logits, sampled, lp_reqs, lp_pos, dev[o_lp:at].long(), prompt_rows,
+                prompt_hidden, prompt_targets, dev[at + R:at + 2 * R].long())
         if overlapped:
             self.sampled[:n].copy_(sampled)
             self._prev_index = {req: sample_pos[j] for j, req in enumerate(samplers)}
         if self.cuda:
-            self._out_k ^= 1
-            out = self._outs[self._out_k]
-            # NOTE: this pinned buffer was last read by result() two steps ago (done)
+            # NOTE: step seq - 2 used this buffer; launch() checked that it was read
+            out = self._outs[seq % 2]
             out[:n].copy_(sampled, non_blocking=True)
             handle.host_out = out
             handle.event = torch.cuda.Event()
-            handle.event.record()
+            handle.event.record(self.stream)
         return handle
 
     def result(self, handle: StepHandle) -> list[int]:
         """The sampled ids of `handle.samplers`, in order (waits for the device)."""
+        if not self._unread or self._unread[0] != handle.seq:
+            raise StepOrderError(f"result of step {handle.seq} taken out of order (unread: "
+                                 f"{list(self._unread)}): results come in launch order, once")
+        self._unread.popleft()
         n = len(handle.requests)
         if handle.event is not None:
             handle.event.synchronize()

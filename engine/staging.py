@@ -6,7 +6,9 @@ their int32 bit patterns and are viewed back on the device.
 
 NOTE: with the copy asynchronous, the host must not rewrite a buffer the GPU has not
 read yet. Two host buffers alternate and each waits for its last copy's event before it
-is written again (in practice long done: a step later). On CPU there is one buffer and
+is written again (in practice long done: a step later). The copies and their events go on
+the engine's stream (`stream`): an event recorded on another stream (say, the calling
+thread's default stream of device 0) would say nothing about this copy. On CPU there is one buffer and
 "the device" is the host buffer itself: no copy (unless `separate`, which keeps a second
 buffer and copies, as on CUDA: tests run the CUDA path's logic that way).
 """
@@ -18,9 +20,12 @@ import torch
 
 
 class Staging:
-    def __init__(self, numel: int, device: torch.device, separate: bool = False):
+    def __init__(self, numel: int, device: torch.device, separate: bool = False,
+                 stream: torch.cuda.Stream | None = None):
         self.device = device
         self.cuda = device.type == "cuda"
+        self.stream = stream if stream is not None or not self.cuda else \
+            torch.cuda.current_stream(device)
         self.separate = separate or self.cuda
         self._k = 0
         self._alloc(numel)
@@ -37,7 +42,7 @@ class Staging:
         """The host buffer to fill for the next step (at least `numel` elements)."""
         if numel > self.numel:
             if self.cuda:
-                torch.cuda.current_stream(self.device).synchronize()  # old buffers may be in flight
+                self.stream.synchronize()  # the old buffers may be in flight
             self._alloc(max(numel, 2 * self.numel))
         if self.cuda:
             self._k ^= 1
@@ -52,6 +57,6 @@ class Staging:
             self.dev[:numel].copy_(self._hosts[self._k][:numel], non_blocking=self.cuda)
         if self.cuda:
             ev = self._events[self._k] or torch.cuda.Event()
-            ev.record()
+            ev.record(self.stream)
             self._events[self._k] = ev
         return self.dev

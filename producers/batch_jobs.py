@@ -8,13 +8,13 @@ Python API (the CLI, `producers.Client` and the HTTP API use exactly these):
                           completion_window="24h", metadata={...}, owner=...)  # `validating`
     send_enqueue(celery, b.id)        # producers.celery_app: the Celery worker then runs
     jobs.validate_and_enqueue(ctx, b.id)      # ...this: check every line, then publish
-    jobs.cancel_batch(store, publisher, b.id) # `cancelling` + a cancel per open request
+    jobs.cancel_batch(store, publisher, b.id) # `cancelling` + one cancel for the batch
     jobs.sweep(ctx)                           # periodic: counts, finalize, expire, cancel end
     jobs.batch_object(row) / jobs.anthropic_batch_object(row)   # the API's JSON shapes
 
 `ctx` is a JobContext (store, publisher, settings, context length, model name); a
-publisher is a RequestPublisher: anything with `publish_encoded(items, topic=)` and
-`cancel_many(ids)` (producers.Client is one).
+publisher is a RequestPublisher: anything with `publish_encoded(items, topic=)`,
+`cancel_many(ids)` and `cancel_batch_requests(batch_id)` (producers.Client is one).
 
 Lifecycle and who moves it (every move is one conditional UPDATE, store.batch_queries):
 
@@ -46,7 +46,7 @@ from inflight.schemas.errors import Retry, StateError
 from inflight.store import BATCH_FINAL_STATUSES, CANCELLED, CANCELLING, BatchRow, Store
 from inflight.store.models import utcnow
 
-from inflight.producers.batch_context import JobContext, RequestPublisher, open_request_ids
+from inflight.producers.batch_context import JobContext, RequestPublisher
 from inflight.producers.batch_enqueue import validate_and_enqueue
 from inflight.producers.batch_lines import ENDPOINTS
 from inflight.producers.batch_sweep import SweepReport, sweep
@@ -107,23 +107,24 @@ def create_batch(store: Store, *, input_file_id: str, endpoint: str,
 # --- cancel ---------------------------------------------------------------------------------
 
 def cancel_batch(store: Store, publisher: RequestPublisher, batch_id: str) -> BatchRow:
-    """`cancelling`, then a cancel on the cancel topic for every request not final yet.
-    The sweep moves the batch to `cancelled` (with the partial results) once they have all
-    ended. Cancelling a batch already cancelling or cancelled returns it unchanged; one that
-    ended otherwise raises StateError."""
+    """`cancelling`, then one batch cancel on the cancel topic: every worker keeps it for
+    its cancel lookback window, ends the batch's queued requests `cancelled` when it reads
+    them and aborts the running ones (one message, whatever the batch's size). The sweep
+    moves the batch to `cancelled` (with the partial results) once they have all ended.
+    Cancelling a batch already cancelling or cancelled returns it unchanged (and sends the
+    cancel again: a retry after a failed send); one that ended otherwise raises StateError."""
     b = store.require_batch(batch_id)
-    if b.status in (CANCELLING, CANCELLED):
+    if b.status == CANCELLED:
         return b
-    if not store.transition_batch(batch_id, CANCELLING):
+    if b.status != CANCELLING and not store.transition_batch(batch_id, CANCELLING):
         b = store.require_batch(batch_id)
-        if b.status in (CANCELLING, CANCELLED):
+        if b.status == CANCELLED:
             return b
-        raise StateError(f"batch {batch_id} is {b.status}; only a validating or in_progress "
-                         "batch can be cancelled")
-    sent = 0
-    for ids in open_request_ids(store, batch_id):
-        sent += publisher.cancel_many(ids)
-    log.info("batch %s cancelling: %d cancels sent", batch_id, sent)
+        if b.status != CANCELLING:
+            raise StateError(f"batch {batch_id} is {b.status}; only a validating or "
+                             "in_progress batch can be cancelled")
+    publisher.cancel_batch_requests(batch_id)
+    log.info("batch %s cancelling: batch cancel sent", batch_id)
     return store.require_batch(batch_id)
 
 

@@ -177,8 +177,8 @@ def _expire(ctx: JobContext, bid: str, owner: str, report: SweepReport) -> None:
     n = 0
     for ids in open_request_ids(store, bid):
         end_requests(store, ids, bid, EXPIRED)
-        ctx.publisher.cancel_many(ids)
         n += len(ids)
+    ctx.publisher.cancel_batch_requests(bid)  # the workers drop what is left of it
     b = store.refresh_batch_counts(bid)
     written = _write(ctx, b, owner, EXPIRED)
     if _move_or_discard(ctx, bid, EXPIRED, owner, written):

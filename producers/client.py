@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from inflight.schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, FinalEvent,
                      InferenceRequest, SamplingParams, SchemaError, Settings, TokenEvent,
                      decode_result, encode)
+from inflight.schemas.cancel import batch_cancel, request_cancel
 from inflight.schemas.codec import schema_error
 from inflight.schemas.errors import BrokerError, InflightError, StateError
 from inflight.schemas.kafka_clients import partitions_of, plain_consumer, producer
@@ -239,13 +240,24 @@ class Client:
         n = 0
         try:
             for rid in request_ids:
-                self.producer.send(self.settings.topic_cancel, key=rid.encode(),
-                                   value=orjson.dumps({"request_id": rid}))
+                key, value = request_cancel(rid)
+                self.producer.send(self.settings.topic_cancel, key=key, value=value)
                 n += 1
         except KafkaError as exc:
             raise BrokerError(f"publishing cancels failed: {exc}") from exc
         self.flush()
         return n
+
+    def cancel_batch_requests(self, batch_id: str) -> None:
+        """One cancel for every request of the batch (the queued ones end `cancelled`
+        without running), then wait for the broker's acknowledgement. `cancel_batch` moves
+        the batch itself to `cancelling` and sends this."""
+        key, value = batch_cancel(batch_id)
+        try:
+            self.producer.send(self.settings.topic_cancel, key=key, value=value)
+        except KafkaError as exc:
+            raise BrokerError(f"publishing the cancel of batch {batch_id} failed: {exc}") from exc
+        self.flush()
 
     def publish_encoded(self, items: Iterable[tuple[str, bytes]], *, topic: str) -> int:
         """Send already-encoded requests (request_id, bytes) to `topic` and flush (the batch

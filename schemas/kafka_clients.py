@@ -47,6 +47,7 @@ def group_config(settings: Settings, group: str) -> dict[str, Any]:
     return {"group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "session.timeout.ms": settings.kafka_session_timeout_ms,
             "heartbeat.interval.ms": settings.kafka_heartbeat_interval_ms,
+            "max.poll.interval.ms": settings.kafka_max_poll_interval_ms,
             "fetch.max.bytes": max(settings.kafka_max_message_bytes * 4, 4_000_000),
             "max.partition.fetch.bytes": settings.kafka_max_message_bytes + 64_000}
 

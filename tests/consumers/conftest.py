@@ -28,6 +28,15 @@ def tiny_engine(model: Path, **kw):
     return Engine(EngineConfig(**cfg))
 
 
+def slowed_engine(model: Path, step_s: float, **kw):
+    """tiny_engine whose steps each sleep `step_s` first, so runs last long enough to
+    overlap a group join or a fault."""
+    engine = tiny_engine(model, **kw)
+    step = engine.step
+    engine.step = lambda: (time.sleep(step_s), step())[1]
+    return engine
+
+
 def finals_of(eng) -> dict:
     """Step `eng` until it has nothing left: each request's final output by id."""
     out = {}

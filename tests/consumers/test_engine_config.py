@@ -1,14 +1,18 @@
-"""Engine knobs from INFLIGHT_* (Settings) into EngineConfig; `--device cuda:auto` claims."""
+"""Engine knobs from INFLIGHT_* (Settings) into EngineConfig; `--device cuda:auto` claims;
+the engine thread binds the engine's device."""
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
 from inflight.consumers.engine_bridge import ENGINE_SETTINGS, build_engine, engine_overrides
+from inflight.consumers.handoff import Slots
 from inflight.consumers.gpu_claim import claim_gpu
 from inflight.schemas import Settings
 from inflight.schemas.errors import ConfigError
@@ -84,3 +88,36 @@ def test_claim_survives_kill_9_of_the_holder(tmp_path):
     index, handle = claim_gpu(tmp_path, 1)
     assert index == 0
     handle.close()
+
+
+def test_engine_loop_binds_its_thread_first():
+    """The engine thread makes the engine's device its current device before it touches
+    the engine (CUDA's current device is per thread)."""
+    from inflight.consumers.engine_loop import EngineLoop
+
+    calls = []
+    added = threading.Event()
+
+    class Engine:
+        def bind_thread(self):
+            calls.append(("bind", threading.current_thread().name))
+
+        def add_request(self, request_id, **kw):
+            calls.append(("add", threading.current_thread().name))
+            added.set()
+
+        def step(self):
+            return []
+
+        def abort(self, request_id):
+            return False
+
+        def has_unfinished(self):
+            return False
+
+    loop = EngineLoop(Engine(), queue.Queue(), Slots(4)).start()
+    loop.add("a", prompt_token_ids=[1])
+    assert added.wait(5)
+    loop.stop()
+    assert loop.join(5) and loop.error is None
+    assert calls == [("bind", "engine"), ("add", "engine")]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import pytest
 from inflight.schemas import SamplingParams
 from tests.consumers.conftest import (Service, make_settings, migrated, results_by_request,
                                       tiny_engine, wait_rows)
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -88,71 +88,6 @@ def test_kill9_worker_mid_run_every_request_ends_with_one_final_row(broker, tiny
         recorder.stop()
         client.close()
         store.close()
-
-
-class TcpProxy:
-    """A TCP forwarder we can cut (close every connection, refuse new ones) and restore."""
-
-    def __init__(self, target: tuple[str, int]):
-        self.target = target
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        self.listener: socket.socket | None = None
-        self.restore()
-
-    def restore(self) -> None:
-        ls = socket.socket()
-        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        ls.bind(("127.0.0.1", self.port))
-        ls.listen(64)
-        self.listener = ls
-        threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
-
-    def _accept(self, ls: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = ls.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.close()
-            except OSError:
-                pass
-
-    def cut(self) -> None:
-        if self.listener is not None:
-            try:  # NOTE: shutdown wakes the thread blocked in accept(); close alone does not
-                self.listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.listener.close()
-            self.listener = None
-        for c in self.conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-                c.close()
-            except OSError:
-                pass
-        self.conns = []
 
 
 @pytest.mark.postgres

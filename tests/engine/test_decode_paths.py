@@ -146,3 +146,128 @@ def test_padded_sizes_and_padding_rows(tiny_model_path, prompts):
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     g = eng.runner.graphs
     assert g.num_eager > 0 and g.padded_size(3) == 4 and g.padded_size(9) is None
+
+
+# -- the order and timing the GPU step relies on (engine/model_runner.py NOTE) -----------------
+def test_launch_result_order_is_enforced(tiny_model_path):
+    """Step k's sampled ids sit in pinned buffer k % 2: at most one launched step may be
+    unread at a launch, and results come in launch order, once."""
+    from inflight.engine.model_runner import StepOrderError
+    from inflight.engine.profile_run import profile_batch
+
+    eng = make(tiny_model_path, "graphs+overlap", num_kv_blocks=64)
+    runner = eng.runner
+    s1, _ = profile_batch([5, 1], 4)
+    s2, _ = profile_batch([3], 4)
+    s3, _ = profile_batch([2], 4)
+    h1 = runner.launch(s1)
+    h2 = runner.launch(s2)          # one unread (h1): allowed, as in the overlapped engine
+    with pytest.raises(StepOrderError, match="unread"):
+        runner.launch(s3)            # two unread: its ids would go where h1's still are
+    with pytest.raises(StepOrderError, match="out of order"):
+        runner.result(h2)
+    assert len(runner.result(h1)) == 2 and len(runner.result(h2)) == 1
+    with pytest.raises(StepOrderError, match="out of order"):
+        runner.result(h1)            # read twice
+    assert len(runner.result(runner.launch(s3))) == 1
+    for req in s1.requests + s2.requests + s3.requests:
+        runner.remove(req)
+    # the engine goes on as before
+    out = eng.generate([[5, 6, 7, 8, 9]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert len(out[0].token_ids) == 4
+
+
+def _registered(eng, req) -> int:
+    """How many of req's leading full blocks a lookup finds in the prefix cache."""
+    eng.kv._update_hashes(req)
+    n = 0
+    for h in req.block_hashes:
+        if eng.kv.pool.lookup(h) is None:
+            break
+        n += 1
+    return n
+
+
+def test_prefix_blocks_registered_once_their_step_completed(tiny_model_path, prompts):
+    """Overlapped: a step's full blocks become findable when its result is read (the step
+    after it has been launched by then), not at its own launch."""
+    eng = make(tiny_model_path, "overlap", num_kv_blocks=64)
+    prompt = prompts[7][:13]  # 3 full blocks of 4
+    eng.add_request("a", prompt_token_ids=prompt,
+                    params=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    req = eng.requests["a"]
+    assert eng.step() == []                      # step 1 (the prefill) launched, not read
+    assert req.num_computed_tokens == 13 and _registered(eng, req) == 0
+    eng.step()                                   # step 2 launched, step 1 read
+    assert req.num_computed_tokens == 14 and _registered(eng, req) == 3
+    while eng.has_unfinished():
+        eng.step()
+
+
+def test_blocks_of_a_failed_step_never_enter_the_prefix_cache(tiny_model_path, prompts, hf_ref):
+    """A step whose result fails registers nothing: a later request with the same prompt
+    computes it again instead of hitting blocks that may hold garbage."""
+    eng = make(tiny_model_path, "overlap", num_kv_blocks=64)
+    prompt = prompts[7][:13]
+    runner = eng.runner
+    result = runner.result
+
+    def failing(handle):
+        result(handle)  # keep the launch/result order; then fail as a device error would
+        raise RuntimeError("device error")
+
+    runner.result = failing
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    eng.add_request("a", prompt_token_ids=prompt, params=greedy)
+    outs = []
+    while eng.has_unfinished():
+        outs += eng.step()
+    assert [(o.finish_reason, o.error_code) for o in outs if o.finished] == [("error", "engine_error")]
+    runner.result = result
+    out = eng.generate([prompt], greedy)[0]
+    assert out.num_cached_tokens == 0 and eng.stats()["prefix_cache_hit_tokens"] == 0
+    assert out.token_ids == hf_ref.greedy(tiny_model_path, prompt, 4)
+
+
+@pytest.mark.parametrize("mode", ["plain", "graphs+overlap"])
+def test_no_host_list_becomes_a_device_tensor_in_a_launch(tiny_model_path, prompts, monkeypatch, mode):
+    """A launch copies host data to the device once, staged (pinned on CUDA); a tensor built
+    from a Python list there would be a synchronous pageable copy. Checked with prompt
+    logprobs, logprobs and seeded sampling, whose indices used to be built that way."""
+    import sys
+
+    import torch
+
+    eng = make(tiny_model_path, mode, num_kv_blocks=64)
+    made: list[str] = []
+    real_tensor, real_as_tensor = torch.tensor, torch.as_tensor
+    in_launch = [False]
+
+    def spy(real):
+        def wrapped(*a, **kw):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if in_launch[0] and caller.startswith("inflight.engine"):
+                made.append(caller)
+            return real(*a, **kw)
+        return wrapped
+
+    launch = eng.runner.launch
+
+    def watched(*a, **kw):
+        in_launch[0] = True
+        try:
+            return launch(*a, **kw)
+        finally:
+            in_launch[0] = False
+
+    monkeypatch.setattr(torch, "tensor", spy(real_tensor))
+    monkeypatch.setattr(torch, "as_tensor", spy(real_as_tensor))
+    eng.runner.launch = watched
+    params = [SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=3, prompt_logprobs=2),
+              SamplingParams(max_tokens=5, temperature=0.9, top_k=20, top_p=0.9, seed=7, ignore_eos=True,
+                             logprobs=1),
+              SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)]
+    outs = eng.generate(prompts[:3], params)
+    assert [len(o.token_ids) for o in outs] == [5, 5, 5]
+    assert len(outs[0].prompt_logprobs) == len(prompts[0]) and len(outs[1].logprobs) == 5
+    assert made == []
