@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from inflight.engine.quant.config import QuantConfig
-from inflight.engine.quant.rtn import (QuantizedWeight, pack_w4, w4_params, w4_round, w8_round,
+from inflight.engine.quant.rtn import (QuantizedWeight, pack_w4, w4_params_search, w4_round, w8_round,
                               w8_scales)
 from inflight.kernels.quant import num_groups
 
@@ -83,7 +83,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, quant: QuantConfig,
         zeros = torch.zeros_like(scales)
         if act_order:
             for gi, start in enumerate(range(0, k, g)):
-                s_, z_ = w4_params(w[:, start:start + g])
+                s_, z_ = w4_params_search(w[:, start:start + g])
                 scales[:, gi], zeros[:, gi] = s_.double(), z_.double()
     perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(k)
     w = w[:, perm]
@@ -104,7 +104,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, quant: QuantConfig,
                 di = qi * scale8
             else:
                 if not act_order and col % g == 0:  # a group's first column, updated weights
-                    s_, z_ = w4_params(w1[:, i:i + g])
+                    s_, z_ = w4_params_search(w1[:, i:i + g])
                     scales[:, col // g], zeros[:, col // g] = s_.double(), z_.double()
                 s_, z_ = scales[:, col // g], zeros[:, col // g]
                 qi = w4_round(w1[:, i], s_, z_)

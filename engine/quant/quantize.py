@@ -27,7 +27,7 @@ import torch
 
 from inflight.engine.model import ModelConfig, load_tensors
 from inflight.engine.quant.calibrate import gptq_model
-from inflight.engine.quant.calibration import calibration_text, text_digest, token_windows
+from inflight.engine.quant.calibration import default_calibration, text_digest, token_windows
 from inflight.engine.quant.config import LINEAR_NAMES, QuantConfig
 from inflight.engine.quant.rtn import QuantizedWeight, quantize_w4, quantize_w8
 from inflight.engine.tokenizer import Tokenizer
@@ -107,11 +107,16 @@ def quantize_model(src: str | os.PathLike, out: str | os.PathLike, quant: QuantC
         text_path = pathlib.Path(calib) if calib is not None else None
         if text_path is not None and not text_path.is_file():
             raise ConfigError(f"calibration file {text_path} does not exist")
-        text = text_path.read_text(encoding="utf-8") if text_path else calibration_text()
         tok = Tokenizer(src, cfg.eos_token_ids)
-        windows = torch.tensor(token_windows(tok.encode, text, num_samples, seq_len))
-        calibration = {"text": str(text_path) if text_path else "python-stdlib-docstrings",
-                       "text_sha256_16": text_digest(text), "samples": num_samples, "seq_len": seq_len}
+        if text_path is not None:
+            text = text_path.read_text(encoding="utf-8")
+            windows = token_windows(tok.encode, text, num_samples, seq_len)
+            calibration = {"text": str(text_path), "text_sha256_16": text_digest(text),
+                           "samples": num_samples, "seq_len": seq_len}
+        else:
+            windows, calibration = default_calibration(src, tok.encode, num_samples, seq_len,
+                                                       device=device, progress=say)
+        windows = torch.tensor(windows)
         say(f"calibrating on {num_samples} x {seq_len} tokens of {calibration['text']}")
         quantized = gptq_model(tensors.get, cfg, quant, windows, say)
     else:
