@@ -20,11 +20,12 @@
 #   quant       benchmarks/bench_quant_gemm.py: the 1B shape's GEMMs at batch 1/16/64 vs bf16
 #               cuBLAS (CUDA-graph replay), then decode ms/step of the 1B model quantized
 #               w8 / w4-g128 (round-to-nearest on the GPU) vs bf16
-#   families-exact-*  each model family's exactness test (tests/engine/test_families.py,
-#               tests/engine/test_model_config.py) on the GPU, fp32 then bf16
+#   families-exact-*  each model family's exactness test (tests/engine/test_families.py)
+#               on the GPU, fp32 then bf16
 #   family-*    a random checkpoint of each family's real shape (Llama-3.1-8B, Qwen2.5-7B,
-#               Qwen3-8B, Mistral-7B, Gemma-3-4B, Phi-3-mini; FAMILY_LAYERS layers, 8 by
-#               default) through benchmarks/throughput.py vs HF static batches
+#               Qwen3-8B, Mistral-7B, Gemma-3-4B, Phi-3-mini; FAMILY_LAYERS layers, 4 by
+#               default) through benchmarks/throughput.py (256 requests) vs HF static
+#               batches (64 requests)
 # GPU_CHECK_ONLY="families family" runs only the stages whose names start with one of
 # those words (install and models always run): the family stages do not fit in the same
 # call as the rest, so they are a second call of their own.
@@ -158,22 +159,23 @@ fi
 
 # -- model families: exact on the GPU, real shapes through the throughput benchmark --------------
 if [ "$SMOKE" = 1 ]; then
-    FAMILY_DTYPES="float32" FAMILY_PRESETS=${FAMILY_PRESETS:-mistral-7b} FAMILY_LAYERS=${FAMILY_LAYERS:-1}
+    FAMILY_DTYPES="float32" FAMILY_LAYERS=${FAMILY_LAYERS:-2} FAMILY_SHAPE=--tiny
+    FAMILY_PRESETS=${FAMILY_PRESETS:-llama-3.1-8b qwen2.5-7b qwen3-8b mistral-7b gemma-3-4b phi-3-mini}
     FAMILY_REQUESTS=8 FAMILY_HF_REQUESTS=4 FAMILY_SEQS=8 FAMILY_TOKENS=512
 else
     FAMILY_DTYPES="float32 bfloat16"
     FAMILY_PRESETS=${FAMILY_PRESETS:-llama-3.1-8b qwen2.5-7b qwen3-8b mistral-7b gemma-3-4b phi-3-mini}
-    FAMILY_LAYERS=${FAMILY_LAYERS:-8} FAMILY_REQUESTS=512 FAMILY_HF_REQUESTS=128 FAMILY_SEQS=256
-    FAMILY_TOKENS=8192
+    FAMILY_LAYERS=${FAMILY_LAYERS:-4} FAMILY_REQUESTS=256 FAMILY_HF_REQUESTS=64 FAMILY_SEQS=256
+    FAMILY_TOKENS=8192 FAMILY_SHAPE=
 fi
 for dt in $FAMILY_DTYPES; do
     stage "families-exact-$dt" 150 env INFLIGHT_TEST_DEVICE="$DEVICE" INFLIGHT_TEST_DTYPE="$dt" \
-        "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_families.py tests/engine/test_model_config.py
+        "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_families.py
 done
 for preset in $FAMILY_PRESETS; do
     model=$WORK/models/family-$preset
-    stage "family-$preset" 150 bash -c "'$PY' benchmarks/gpu/make_model.py '$model' '$TOK' --preset $preset \
-            --layers $FAMILY_LAYERS --dtype $DTYPE && \
+    stage "family-$preset" 75 bash -c "'$PY' benchmarks/gpu/make_model.py '$model' '$TOK' --preset $preset \
+            --layers $FAMILY_LAYERS --dtype $DTYPE $FAMILY_SHAPE && \
         '$PY' benchmarks/throughput.py --model '$model' --device $DEVICE --dtype $DTYPE \
             --num-requests $FAMILY_REQUESTS --max-num-seqs $FAMILY_SEQS \
             --max-num-batched-tokens $FAMILY_TOKENS --kv-cache-mib 0 --hf-batch-size 64 \
