@@ -110,10 +110,11 @@ class Engine:
                     prompt_token_ids: Sequence[int] | None = None,
                     params: SamplingParams | None = None, priority: int = 0, *,
                     messages: Sequence[dict] | None = None, arrival_time: float | None = None,
-                    extra_keys: tuple = ()) -> None:
+                    extra_keys: tuple = (), tools: Sequence[dict] | None = None) -> None:
         """Queue a request (text `prompt`, `prompt_token_ids`, or chat `messages`). Lower
         `priority` values are served first. Problems with the request itself surface as a
-        final output with finish_reason "error" at the next step."""
+        final output with finish_reason "error" at the next step. `tools`: OpenAI function
+        definitions for a chat template that renders them (`tokenizer.takes_tools`)."""
         if request_id in self.requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already active in this "
                                         "engine; wait for its final output or abort it first")
@@ -123,7 +124,7 @@ class Engine:
             if prompt_token_ids is None:
                 if messages is not None:
                     # the template already holds any BOS it wants (as in HF's apply_chat_template)
-                    text = self.tokenizer.apply_chat_template(messages)
+                    text = self.tokenizer.apply_chat_template(messages, tools=tools)
                     prompt_token_ids = self.tokenizer.encode(text, add_special_tokens=False)
                 else:
                     prompt_token_ids = self.tokenizer.encode(prompt) if prompt else []

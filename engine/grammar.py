@@ -77,7 +77,7 @@ def structural_tag_lark(tag: dict[str, Any]) -> str:
     seg_names = []
     if tag.get("at_least_one"):
         for i, s in enumerate(structures):
-            lines.append(f'seg_{i}: {_lit(s["begin"])} %json {json.dumps(s["schema"])} '
+            lines.append(f'seg_{i}: {_lit(s["begin"])} %json {_schema(s["schema"])} '
                          f'{_lit(s.get("end", ""))}')
             seg_names.append(f"seg_{i}")
         segs = " | ".join(seg_names)
@@ -89,7 +89,7 @@ def structural_tag_lark(tag: dict[str, Any]) -> str:
         for i, s in enumerate(structures):
             k = next(k for k, t in enumerate(triggers) if s["begin"].startswith(t))
             rest = s["begin"][len(triggers[k]):]
-            lines.append(f'seg_{i}: trig_{k} {_lit(rest)} %json {json.dumps(s["schema"])} '
+            lines.append(f'seg_{i}: trig_{k} {_lit(rest)} %json {_schema(s["schema"])} '
                          f'{_lit(s.get("end", ""))}')
             seg_names.append(f"seg_{i}")
         segs = " | ".join(seg_names)
@@ -97,6 +97,11 @@ def structural_tag_lark(tag: dict[str, Any]) -> str:
             f"start: ({segs})* TAG_TEXT"
         lines.append("TAG_TEXT: /(.|\\n)*/")
     return "\n".join([lines[0], start, *lines[1:]]) + "\n"
+
+
+def _schema(schema: dict[str, Any]) -> str:
+    """A schema for Lark's %json, with our JSON whitespace (as JSON_OPTIONS) unless it says."""
+    return json.dumps({"x-guidance": JSON_OPTIONS, **schema})
 
 
 def _lit(text: str) -> str:

@@ -128,7 +128,7 @@ def _structured(value: dict[str, Any]) -> StructuredOutputs:
                                      "structured_outputs") from None
     except StructuredOutputsError as exc:
         where = "structured_outputs" + (f".{exc.field}" if exc.field else "")
-        raise StructuredOutputsError(f"{where}: {exc}", where) from None
+        raise StructuredOutputsError(f"{where}: {exc}", where, exc.code) from None
 
 
 # Rules for each entry of a tuple field (pydantic's field metadata has no per-item keys, so

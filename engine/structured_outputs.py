@@ -36,7 +36,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.engine.errors import ERR_INVALID_SCHEMA, InflightError
+from inflight.engine.errors import ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, InflightError
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_SPEC_CHARS = 65_536      # a schema / regex / grammar's JSON text
@@ -45,14 +45,14 @@ MAX_CHOICE_CHARS = 1024
 
 
 class StructuredOutputsError(InflightError, ValueError):
-    """`structured_outputs` is malformed or its schema / regex / grammar does not compile;
-    `field` names the part (as SamplingParamsError does) and `code` is "invalid_schema"."""
+    """`structured_outputs` is malformed (`code` "invalid_request") or its schema / regex /
+    grammar does not compile ("invalid_schema", with the compiler's message); `field` names
+    the part, as SamplingParamsError does."""
 
-    code = ERR_INVALID_SCHEMA
-
-    def __init__(self, message: str, field: str | None = None):
+    def __init__(self, message: str, field: str | None = None, code: str = ERR_INVALID_REQUEST):
         super().__init__(message)
         self.field = field
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class StructuredOutputs:
             _check_tag(self.structural_tag)
         error = check(self.kind, self.key)
         if error:
-            raise StructuredOutputsError(f"does not compile: {error}", kind)
+            raise StructuredOutputsError(f"does not compile: {error}", kind, ERR_INVALID_SCHEMA)
 
     @property
     def kind(self) -> str:
