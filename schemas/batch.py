@@ -232,8 +232,7 @@ def _messages(messages: Any, raw: bytes, rid: str) -> Any:
         return messages  # the model validator reports the type error
     out = []
     for i, m in enumerate(messages):
-        if isinstance(m, dict) and m.get("content") is None and (m.get("tool_calls")
-                                                                 or m.get("role") == "tool"):
+        if isinstance(m, dict) and m.get("content") is None and m.get("role") == "assistant":
             m = {**m, "content": ""}  # an assistant turn that only called tools
         if isinstance(m, dict) and isinstance(m.get("content"), list):
             texts = []

@@ -30,16 +30,35 @@ class TextPart(BaseModel):
     text: str
 
 
-class ChatMessageIn(BaseModel):
-    """A turn; an assistant turn may carry the tool calls it made (content null), a "tool"
-    turn answers one of them (`tool_call_id`)."""
+class TextMessageIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user"]
+    content: str | list[TextPart]
+    name: Annotated[str, Field(max_length=64)] | None = None
+
+
+class AssistantMessageIn(BaseModel):
+    """An earlier answer: text, and/or the tool calls it made (content null then)."""
 
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["assistant"]
     content: str | list[TextPart] | None = None
     name: Annotated[str, Field(max_length=64)] | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: Annotated[str, Field(max_length=128)] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=128)] | None = None
+    refusal: None = None
+
+
+class ToolMessageIn(BaseModel):
+    """The result of one of the assistant's tool calls."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: Annotated[str, Field(max_length=128)]
+
+
+ChatMessageIn = Annotated[TextMessageIn | AssistantMessageIn | ToolMessageIn,
+                          Field(discriminator="role")]
 
 
 class FunctionIn(BaseModel):
