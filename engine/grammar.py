@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -173,9 +174,15 @@ class GrammarCompiler:
             return self._tok
 
     @property
-    def executor(self) -> "llguidance.LLExecutor":
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor(self._mask_threads)
+    def executor(self) -> "llguidance.LLExecutor | None":
+        """llguidance's pool for filling many masks at once; None on a machine with too few
+        cores for a pool to pay (its default size, 80% of the CPUs, is one thread on two)."""
+        if self._executor is None and self._mask_threads != 0:
+            threads = self._mask_threads or int(0.8 * (os.cpu_count() or 1))
+            if threads < 2:
+                self._mask_threads = 0
+                return None
+            self._executor = llguidance.LLExecutor(min(threads, 32))
         return self._executor
 
     def submit(self, kind: str, key: str) -> Future:
@@ -214,8 +221,18 @@ class GrammarCompiler:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def fill_bitmasks(executor: "llguidance.LLExecutor", jobs: list[tuple[GrammarMatcher, int]],
+PARALLEL_MIN_ROWS = 8  # fewer constrained rows than this: fill them on the calling thread
+
+
+def fill_bitmasks(executor: "llguidance.LLExecutor | None", jobs: list[tuple[GrammarMatcher, int]],
                   ptr: int, words: int, rows: int) -> None:
     """Write each matcher's allowed-token bitmask into row `j` of the int32 array [rows,
-    words] at address `ptr` (bit t of the row = token t allowed), in parallel."""
+    words] at address `ptr` (bit t of the row = token t allowed): in llguidance's thread
+    pool for many rows, else here (a mask takes microseconds; a hand-off to another thread
+    can cost more, on a loaded machine much more). Both drop the GIL."""
+    if executor is None or len(jobs) < PARALLEL_MIN_ROWS:
+        size = words * 4
+        for g, j in jobs:
+            g.m.unsafe_compute_mask_ptr(ptr + j * size, size)
+        return
     executor.unsafe_compute_mask_ptr([(g.m, j) for g, j in jobs], ptr, words * 4, rows)
