@@ -93,12 +93,17 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
                 final = await _next(ctx, events)
             if isinstance(final, ErrorEvent):
                 raise error_status(final)
-            return json_response(completion(rid, model, final))
+            answer = json_response(completion(rid, model, final))
     except BaseException:
         ctx.streams.release()
         with anyio.CancelScope(shield=True):
             await events.aclose()
         raise
+    if not body.stream:  # answered whole: its slot and reader go now (a stream's in _chunks)
+        ctx.streams.release()
+        with anyio.CancelScope(shield=True):
+            await events.aclose()
+        return answer
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     calls = ToolCallStream(rid) if req.tools is not None and req.tool_choice != "none" else None
     return StreamingResponse(_chunks(ctx, rid, model, first, events, include_usage, calls),
