@@ -17,6 +17,7 @@ from tests.api.test_batches import CHAT, jsonl, wait_batch
 from tests.api.test_chat import sdk
 from tests.api.test_message_batches import sdk as anthropic_sdk
 from tests.api.test_message_batches import wait_ended
+from tests.consumers.conftest import wait_rows
 
 pytestmark = [pytest.mark.broker]
 
@@ -93,7 +94,7 @@ def test_tool_choice_required_named_none_and_auto(stack):
                                          temperature=0).id.removeprefix("chatcmpl-")
     with stack.http(stack.new_key()) as http:
         assert http.get(f"/v1/requests/{rid}").status_code == 404  # another owner
-    row = stack.store.get_request(rid)
+    row = wait_rows(stack.store, [rid])[rid]  # the recorder may lag the answer a little
     assert [c["function"]["name"] for c in row.tool_calls] == \
         [c.function.name for c in required.message.tool_calls]
 
