@@ -11,6 +11,7 @@ import time
 
 import jsonschema
 import pytest
+import torch
 
 from inflight.engine import Engine, EngineConfig, SamplingParams, StructuredOutputs
 from inflight.engine.errors import ERR_INVALID_SCHEMA
@@ -112,6 +113,16 @@ def test_same_outputs_through_every_step_path(tiny_model_path):
         again, _ = _run_suite(tight, max_tokens=40)
         assert [again[i].text for i in fixed] == [base[i].text for i in fixed]
     assert tight.stats()["preemptions"] > 0 and tight.stats()["prefix_cache_hit_tokens"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_with_graphs_and_overlapped_outputs(tiny_model_path):
+    """The device path: pinned mask buffers, CUDA-graph decode logits masked, overlap
+    synchronised around grammars (CUDA's defaults)."""
+    engine = Engine(EngineConfig(model=tiny_model_path, device="cuda", num_kv_blocks=512))
+    assert engine.overlap and engine.cuda_graphs
+    _, stopped = _run_suite(engine)
+    assert stopped == set(range(len(SUITE)))
 
 
 def test_unconstrained_neighbours_are_untouched(tiny_model_path, prompts):
