@@ -125,6 +125,16 @@ def test_on_cuda_with_graphs_and_overlapped_outputs(tiny_model_path):
     assert stopped == set(range(len(SUITE)))
 
 
+def test_a_quantized_model(tiny_model_path, tmp_path):
+    """The mask acts on the logits, whatever computed them: a w4 model of the tiny one."""
+    from tests.quant_models import quantized
+
+    q = quantized(tiny_model_path, tmp_path / "w4", "w4", group_size=32)
+    engine = Engine(EngineConfig(model=q, num_kv_blocks=512))
+    _, stopped = _run_suite(engine, max_tokens=160, sampling=SAMPLING[:2])
+    assert stopped >= {0, 2, 3, 4}
+
+
 def test_unconstrained_neighbours_are_untouched(tiny_model_path, prompts):
     engine = Engine(EngineConfig(model=tiny_model_path, num_kv_blocks=256))
     free = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
