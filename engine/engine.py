@@ -54,7 +54,6 @@ from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
 from inflight.engine.errors import InflightError
 from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_PROMPT_TOO_LONG
-from inflight.engine.grammar import GrammarCompiler, GrammarError, GrammarMatcher
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ class Engine:
         self._gen_ids = itertools.count()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
-        self.grammars: GrammarCompiler | None = None  # on the first constrained request
+        self.grammars = None  # engine.grammar.GrammarCompiler, on the first constrained request
         self._compiling: list[Request] = []  # waiting for their grammar, not yet queued
 
     def bind_thread(self) -> None:
@@ -152,7 +151,10 @@ class Engine:
         else:
             self.scheduler.add(req)
 
-    def _grammar_compiler(self) -> GrammarCompiler:
+    def _grammar_compiler(self):
+        # NOTE: the grammar engine is imported with the first constrained request only
+        from inflight.engine.grammar import GrammarCompiler
+
         if self.grammars is None:
             self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size,
                                             self.tokenizer.eos_token_ids)
@@ -162,6 +164,8 @@ class Engine:
     def _admit_compiled(self, outputs: list[RequestOutput]) -> None:
         """Queue the requests whose grammar is compiled; end those whose grammar failed.
         Never waits: a compile still running stays in the list."""
+        from inflight.engine.grammar import GrammarError, GrammarMatcher
+
         still = []
         for req in self._compiling:
             fut = req.grammar_future

@@ -47,9 +47,7 @@ from itertools import accumulate
 import numpy as np
 import torch
 
-from inflight.engine.bitmask import BitmaskStage
 from inflight.engine.cuda_graphs import DecodeGraphs
-from inflight.engine.grammar import GrammarCompiler
 from inflight.engine.input_batch import InputBatch
 from inflight.engine.logprobs import StepLogprobs
 from inflight.engine.model import AttentionMetadata, LlamaModel
@@ -124,7 +122,7 @@ class ModelRunner:
         self._prev_index: dict = {}
         self.num_device_fed = 0  # input tokens taken from the last step's samples (overlap)
         self._greedy = SamplingBatch(torch.empty(0), None, None, [], True)
-        self.bitmasks: BitmaskStage | None = None  # set by enable_structured_outputs
+        self.bitmasks = None  # engine.bitmask.BitmaskStage, set by enable_structured_outputs
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs:
             self.graphs = DecodeGraphs(max_num_seqs, self.device, self._decode_body, self.vocab_size)
@@ -147,9 +145,12 @@ class ModelRunner:
             raise RuntimeError("capture_graphs needs cuda_graphs=True and the KV cache allocated")
         self.graphs.capture(self.batch.pad_row)
 
-    def enable_structured_outputs(self, compiler: GrammarCompiler) -> None:
+    def enable_structured_outputs(self, compiler) -> None:
         """Buffers for the constrained sequences' token bitmasks (the first constrained
-        request's admission; a runner without them never pays for them)."""
+        request's admission; a runner without them never pays for them, nor imports the
+        grammar engine)."""
+        from inflight.engine.bitmask import BitmaskStage
+
         if self.bitmasks is None:
             self.bitmasks = BitmaskStage(compiler, self.max_num_seqs, self.device,
                                          separate=self.staging.separate, stream=self.stream)

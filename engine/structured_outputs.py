@@ -180,8 +180,10 @@ def _check_tag(tag: dict[str, Any]) -> None:
 def check(kind: str, key: str) -> str:
     """The grammar engine's complaint about a constraint ("" when it compiles), without a
     tokenizer. Cached: the same schema on many requests is checked once."""
-    from inflight.engine.grammar import grammar_text, validate
-
+    try:
+        from inflight.engine.grammar import grammar_text, validate
+    except ImportError as exc:  # a checkout whose environment predates the dependency
+        return f"the grammar engine is not installed ({exc}): pip install llguidance"
     try:
         return validate(grammar_text(kind, key))
     except ValueError as exc:  # the GBNF converter, a schema llguidance cannot read
