@@ -118,7 +118,8 @@ def _filled(path, args, batch: int, so):
     from inflight.engine import Engine, EngineConfig, SamplingParams
 
     eng = Engine(EngineConfig(model=path, max_num_seqs=batch, enable_prefix_caching=False,
-                              num_kv_blocks=batch * 24, seed=args.seed))
+                              num_kv_blocks=batch * 24, seed=args.seed, device=args.device,
+                              dtype=args.dtype))
     params = SamplingParams(max_tokens=args.steps + 8, temperature=0.0, ignore_eos=True,
                             structured_outputs=so)
     for i in range(batch):
@@ -136,6 +137,8 @@ def decode_cost(path, args, batch: int) -> dict:
     machine's load hits both alike."""
     import statistics
 
+    import torch
+
     engines = {"free": _filled(path, args, batch, None),
                "constrained": _filled(path, args, batch, {"json": LONG})}
     m = engines["constrained"].runner.bitmasks
@@ -146,6 +149,8 @@ def decode_cost(path, args, batch: int) -> dict:
         for mode, eng in engines.items():
             t0, c0 = time.perf_counter(), time.thread_time()
             toks[mode] += sum(len(o.new_token_ids) for o in eng.step())
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
             times[mode][0].append(time.perf_counter() - t0)
             times[mode][1].append(time.thread_time() - c0)
     for eng in engines.values():
@@ -213,7 +218,8 @@ def main() -> None:
                 ("constraint", "cold ms", "first mask ms", "cached µs"))
     result["compile"] = comp
     if not args.skip_validity:
-        eng = Engine(EngineConfig(model=path, max_num_seqs=64, seed=args.seed))
+        eng = Engine(EngineConfig(model=path, max_num_seqs=64, seed=args.seed, device=args.device,
+                                  dtype=args.dtype))
         rows = validity(eng, args)
         print_table(f"validity ({args.per_kind} prompts per kind, max_tokens {args.max_tokens}, "
                     "half greedy, half sampled)", rows,

@@ -204,8 +204,8 @@ class GrammarCompiler:
         t0 = time.perf_counter()
         try:
             grammar = grammar_text(kind, key)
-        except ValueError as exc:
-            raise GrammarError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - the GBNF converter raises plain Exception
+            raise GrammarError(str(exc) or type(exc).__name__) from None
         m = LLMatcher(self.tokenizer, grammar, log_level=0)
         self.compile_s += time.perf_counter() - t0
         self.compiles += 1

@@ -186,5 +186,5 @@ def check(kind: str, key: str) -> str:
         return f"the grammar engine is not installed ({exc}): pip install llguidance"
     try:
         return validate(grammar_text(kind, key))
-    except ValueError as exc:  # the GBNF converter, a schema llguidance cannot read
-        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - the GBNF converter raises plain Exception
+        return str(exc) or type(exc).__name__

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 
+from typing import Literal
+
 import anthropic
 import jsonschema
 import openai
 import orjson
 import pytest
+from pydantic import BaseModel, Field
 
 from tests.api.test_batches import CHAT, jsonl, wait_batch
 from tests.api.test_chat import sdk
@@ -33,6 +36,11 @@ TIME = {"type": "object", "required": ["tz"], "additionalProperties": False,
 TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": WEATHER}},
          {"type": "function", "function": {"name": "time", "parameters": TIME}}]
 SCHEMAS = {"weather": WEATHER, "time": TIME}
+
+
+class Pick(BaseModel):  # the SDK's parse helpers make a strict JSON schema of it
+    label: Literal["cat", "dog"]
+    n: int = Field(ge=0, le=9)
 
 
 def _valid_calls(calls) -> None:
@@ -57,6 +65,10 @@ def test_response_format_json_schema_and_json_object(stack):
         assert isinstance(json.loads(anything.choices[0].message.content), dict)
     else:
         assert anything.choices[0].message.content.startswith("{")
+    # the SDK's own helper: a pydantic model as a strict json_schema, parsed back
+    parsed = client.chat.completions.parse(model="tiny", messages=USER, max_tokens=40,
+                                           temperature=0, response_format=Pick)
+    assert isinstance(parsed.choices[0].message.parsed, Pick)
     # vLLM's own key rides along as an extra body field; the constraint is stored with the request
     picked = client.chat.completions.create(
         model="tiny", messages=USER, max_tokens=10, temperature=1.0, seed=3,
@@ -117,6 +129,13 @@ def test_streamed_tool_call_deltas(stack):
     assert finishes[-1] == "tool_calls" and not any(finishes[:-1])
     assert [(v["name"], v["arguments"]) for _, v in sorted(calls.items())] == \
         [(c.function.name, c.function.arguments) for c in whole]
+    # the SDK's stream helper puts the deltas back together and parses a strict tool's arguments
+    with client.chat.completions.stream(
+            model="tiny", messages=USER, max_tokens=80, temperature=0, tool_choice="required",
+            parallel_tool_calls=False, tools=[openai.pydantic_function_tool(Pick)]) as stream:
+        final = stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls
+    assert call.function.name == "Pick" and isinstance(call.function.parsed_arguments, Pick)
 
 
 def test_bad_schemas_are_a_400_with_the_compilers_message(stack):

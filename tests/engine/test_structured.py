@@ -11,6 +11,7 @@ import time
 
 import jsonschema
 import pytest
+import torch
 
 from inflight.engine import Engine, EngineConfig, SamplingParams, StructuredOutputs
 from inflight.engine.errors import ERR_INVALID_SCHEMA
@@ -112,6 +113,26 @@ def test_same_outputs_through_every_step_path(tiny_model_path):
         again, _ = _run_suite(tight, max_tokens=40)
         assert [again[i].text for i in fixed] == [base[i].text for i in fixed]
     assert tight.stats()["preemptions"] > 0 and tight.stats()["prefix_cache_hit_tokens"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_with_graphs_and_overlapped_outputs(tiny_model_path):
+    """The device path: pinned mask buffers, CUDA-graph decode logits masked, overlap
+    synchronised around grammars (CUDA's defaults)."""
+    engine = Engine(EngineConfig(model=tiny_model_path, device="cuda", num_kv_blocks=512))
+    assert engine.overlap and engine.cuda_graphs
+    _, stopped = _run_suite(engine)
+    assert stopped == set(range(len(SUITE)))
+
+
+def test_a_quantized_model(tiny_model_path, tmp_path):
+    """The mask acts on the logits, whatever computed them: a w4 model of the tiny one."""
+    from tests.quant_models import quantized
+
+    q = quantized(tiny_model_path, tmp_path / "w4", "w4", group_size=32)
+    engine = Engine(EngineConfig(model=q, num_kv_blocks=512))
+    _, stopped = _run_suite(engine, max_tokens=160, sampling=SAMPLING[:2])
+    assert stopped >= {0, 2, 3, 4}
 
 
 def test_unconstrained_neighbours_are_untouched(tiny_model_path, prompts):
