@@ -28,7 +28,6 @@ largest batch (engine/startup.py) and the figures are logged.
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import itertools
 import logging
@@ -53,12 +52,10 @@ from inflight.engine.startup import build_device_side
 from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
 from inflight.engine.errors import InflightError
-from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_PROMPT_TOO_LONG
+from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
+from inflight.engine.grammar_queue import GrammarQueue
 
 log = logging.getLogger(__name__)
-
-
-COMPILE_NAP_S = 0.005  # an engine with only compiles in flight looks again this often
 
 
 class DuplicateRequestError(InflightError, ValueError):
@@ -96,8 +93,8 @@ class Engine:
         self._gen_ids = itertools.count()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
-        self.grammars = None  # engine.grammar.GrammarCompiler, on the first constrained request
-        self._compiling: list[Request] = []  # waiting for their grammar, not yet queued
+        # constrained requests whose grammar is compiling (not queued yet)
+        self.grammars = GrammarQueue(self.tokenizer, self.model.config.vocab_size, self.runner)
 
     def bind_thread(self) -> None:
         """Make this engine's device current on the calling thread for good (the thread
@@ -143,56 +140,18 @@ class Engine:
             req.generator.manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
         self.requests[request_id] = req
-        so = params.structured_outputs
-        if so is not None:
-            # NOTE: compiled in the grammar pool; queued once compiled (_admit_compiled)
-            req.grammar_future = self._grammar_compiler().submit(so.kind, so.key)
-            self._compiling.append(req)
+        if params.structured_outputs is not None:
+            self.grammars.submit(req)  # queued once compiled (_admit_compiled)
         else:
             self.scheduler.add(req)
 
-    def _grammar_compiler(self):
-        # NOTE: the grammar engine is imported with the first constrained request only
-        from inflight.engine.grammar import GrammarCompiler
-
-        if self.grammars is None:
-            self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size,
-                                            self.tokenizer.eos_token_ids)
-            self.runner.enable_structured_outputs(self.grammars)
-        return self.grammars
-
     def _admit_compiled(self, outputs: list[RequestOutput]) -> None:
-        """Queue the requests whose grammar is compiled; end those whose grammar failed.
-        Never waits: a compile still running stays in the list."""
-        from inflight.engine.grammar import GrammarError, GrammarMatcher
-
-        still = []
-        for req in self._compiling:
-            fut = req.grammar_future
-            if not fut.done():
-                still.append(req)
-                continue
-            req.grammar_future = None
-            try:
-                req.grammar = GrammarMatcher(fut.result())
-            except GrammarError as exc:
-                outputs.append(self._finish(req, "error", f"structured_outputs.{req.params.structured_outputs.kind} "
-                                            f"does not compile for this model's tokenizer: {exc}",
-                                            ERR_INVALID_SCHEMA))
-                continue
-            except Exception as exc:  # noqa: BLE001 - one compile must not stop the engine
-                log.exception("grammar compile failed")
-                outputs.append(self._finish(req, "error", f"the grammar compile failed: {exc!r}",
-                                            ERR_ENGINE))
-                continue
+        """Queue the requests whose grammar is compiled; end those whose grammar failed."""
+        ready, failed = self.grammars.take_ready()
+        for req in ready:
             self.scheduler.add(req)
-        self._compiling = still
-
-    def _nap_on_compiles(self) -> None:
-        """Nothing to run but compiles in flight: wait a moment for one (never while any
-        request could step), rather than spin the caller's loop."""
-        concurrent.futures.wait([r.grammar_future for r in self._compiling], timeout=COMPILE_NAP_S,
-                                return_when=concurrent.futures.FIRST_COMPLETED)
+        for req, message, code in failed:
+            outputs.append(self._finish(req, "error", message, code))
 
     def _validate(self, req: Request) -> tuple[str, str] | None:
         """(error code, message) when the request cannot run here, else None."""
@@ -239,11 +198,11 @@ class Engine:
 
     def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
-        if self._compiling:
+        if self.grammars.waiting:
             self._admit_compiled(outputs)
-            if self._compiling and not outputs and not self.scheduler.has_unfinished() \
+            if self.grammars.waiting and not outputs and not self.scheduler.has_unfinished() \
                     and self._inflight is None:
-                self._nap_on_compiles()
+                self.grammars.nap()
                 self._admit_compiled(outputs)
         if self.overlap:
             return self._step_overlapped(outputs)
@@ -407,9 +366,7 @@ class Engine:
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 error_code: str | None = None) -> RequestOutput:
-        if req.grammar_future is not None:  # still compiling
-            self._compiling.remove(req)
-            req.grammar_future = None
+        self.grammars.discard(req)  # if still compiling
         self.scheduler.remove(req)
         self.runner.remove(req)
         self.requests.pop(req.request_id, None)
@@ -464,11 +421,5 @@ class Engine:
 
     def stats(self) -> dict:
         out = self.counters.snapshot(self.kv, self.scheduler)
-        g, masks = self.grammars, self.runner.bitmasks
-        out.update(grammar_compiling=len(self._compiling),
-                   grammar_compiles=g.compiles if g else 0,
-                   grammar_cache_hits=g.cache_hits if g else 0,
-                   grammar_compile_s=g.compile_s if g else 0.0,
-                   grammar_masks=masks.rows if masks else 0,
-                   grammar_mask_host_s=masks.host_s if masks else 0.0)
+        out.update(self.grammars.stats())
         return out

@@ -179,7 +179,7 @@ def test_a_grammar_that_fails_to_compile_ends_its_request_alone(tiny_model_path)
 
 def test_a_slow_compile_waits_in_the_queue_and_never_stalls_a_step(tiny_model_path, monkeypatch):
     engine = Engine(EngineConfig(model=tiny_model_path, num_kv_blocks=256))
-    compiler = engine._grammar_compiler()
+    compiler = engine.grammars.compiler
     slow = compiler._compile
 
     def compile_slowly(kind, key):
