@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.engine.errors import ConfigError
+from inflight.engine.spec.config import SpeculativeConfig
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -34,7 +35,12 @@ class EngineConfig:
       graphs (None: on for CUDA with the Triton kernels; `INFLIGHT_CUDA_GRAPHS=0` turns the
       default off). True on CPU runs the same padded path eagerly (tests).
     - `overlap_outputs`: process a step's outputs (detokenize, stop checks) while the
-      next step runs on the device, one step ahead (None: on for CUDA).
+      next step runs on the device, one step ahead (None: on for CUDA). Steps that
+      speculate run synchronously (their drafts need the step before's tokens).
+    - `speculative_config`: speculative decoding with vLLM's keys, as a dict, its JSON
+      text or a SpeculativeConfig (engine/spec/config.py), e.g. {"method": "ngram",
+      "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4};
+      None = off. Stored as a SpeculativeConfig.
     """
 
     model: str | os.PathLike
@@ -54,8 +60,12 @@ class EngineConfig:
     debug_checks: bool = False
     cuda_graphs: bool | None = None
     overlap_outputs: bool | None = None
+    speculative_config: SpeculativeConfig | dict | str | None = None
 
     def __post_init__(self) -> None:
+        if self.speculative_config is not None:
+            object.__setattr__(self, "speculative_config",
+                               SpeculativeConfig.from_value(self.speculative_config))
         if self.dtype not in DTYPES:
             raise ConfigError(f"EngineConfig.dtype={self.dtype!r} is not supported; "
                               f"use one of {sorted(DTYPES)}")

@@ -47,7 +47,8 @@ from inflight.engine.model_runner import StepHandle
 from inflight.engine.outputs import RequestOutput
 from inflight.engine.request import Request, RequestStatus
 from inflight.engine.sampling_params import SamplingParams
-from inflight.engine.scheduler import Scheduler
+from inflight.engine.scheduler import Scheduler, SchedulerOutput
+from inflight.engine.spec.build import build_spec_decoder
 from inflight.engine.startup import build_device_side
 from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
@@ -92,6 +93,7 @@ class Engine:
         self._gen_ids = itertools.count()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
+        self.spec = build_spec_decoder(config, self)  # None without a speculative_config
 
     def bind_thread(self) -> None:
         """Make this engine's device current on the calling thread for good (the thread
@@ -184,12 +186,21 @@ class Engine:
     def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         if self.overlap:
-            return self._step_overlapped(outputs)
+            if self.spec is None or not self.spec.may_speculate(self.scheduler.running):
+                return self._step_overlapped(outputs)
+            # NOTE: drafts are proposed from the last step's tokens: a step that may
+            # speculate runs synchronously, after the step in flight is processed
+            prev, self._inflight = self._inflight, None
+            if prev is not None:
+                self._process(prev, outputs)
         if not self.scheduler.has_unfinished():
             return outputs
-        sched = self._schedule(outputs)
+        drafts = self.spec.propose(self.scheduler.running) if self.spec is not None else None
+        sched = self._schedule(outputs, drafts)
         if sched.is_empty:
             return outputs
+        if sched.spec_token_ids:
+            sched.draft_probs = self.spec.draft_probs(sched)
         try:
             handle, tokens = self.runner.execute(sched)
         except Exception as exc:  # noqa: BLE001 - one bad pass must not kill the engine's caller
@@ -198,11 +209,14 @@ class Engine:
             return outputs
         samplers = handle.samplers
         self._advance(sched, len(samplers))
+        if handle.emitted is not None:
+            self._roll_back(sched, handle, tokens)
         self._cache_completed(handle)
         now = time.time()
         lps = self._take_logprobs(handle.logprobs)
+        accept = self._accept_run if handle.emitted is not None else self._accept_token
         for req, token in zip(samplers, tokens):
-            outputs.append(self._accept_token(req, token, now, lps.get(req)))
+            outputs.append(accept(req, token, now, lps.get(req)))
         if self.config.debug_checks:
             self.kv.check_invariants(list(self.requests.values()))
         return outputs
@@ -253,8 +267,8 @@ class Engine:
             req.num_pending -= 1
             outputs.append(self._accept_token(req, token, now, lps.get(req)))
 
-    def _schedule(self, outputs: list[RequestOutput]):
-        sched = self.scheduler.schedule()
+    def _schedule(self, outputs: list[RequestOutput], drafts: dict | None = None) -> SchedulerOutput:
+        sched = self.scheduler.schedule(drafts)
         for req in sched.preempted:
             self.runner.remove(req)
         for req in sched.failed:
@@ -267,12 +281,15 @@ class Engine:
     def _advance(self, sched, num_sampled: int) -> None:
         """The scheduled tokens' K/V are (being) computed: move the requests forward."""
         decodes = 0
+        spec = sched.spec_token_ids
         for req, n in zip(sched.requests, sched.num_tokens):
             req.num_computed_tokens += n
             # a decode: one token, after some output, catching up with all tokens
             if n == 1 and (req.output_token_ids or req.num_pending) and \
                     req.num_computed_tokens == req.num_tokens + req.num_pending:
                 decodes += 1
+            elif spec and req in spec:  # a verification: the last token and its drafts
+                decodes += n
         self.counters.record_step(sched.total_tokens, decodes, len(sched.requests), num_sampled)
 
     def _cache_completed(self, handle: StepHandle) -> None:
@@ -289,6 +306,28 @@ class Engine:
                 if not req.is_finished:
                     self.kv.cache_full_blocks(req, done)
 
+    def _roll_back(self, sched: SchedulerOutput, handle: StepHandle, tokens: list[list[int]]) -> None:
+        """After a verification step: each request's computed count stops after its last
+        accepted draft, so the K/V of rejected drafts is never read (the next step writes
+        over those slots), and blocks holding only rejected tokens go back to the pool.
+
+        NOTE: blocks enter the prefix cache by `handle.seq_lens`, which for a request that
+        verified drafts is set to its tokens known before the step: the accepted drafts'
+        blocks are registered by the next step, once they are in `all_token_ids`, so the
+        cache never hashes a block holding an unverified token."""
+        spec = sched.spec_token_ids
+        emitted = dict(zip(handle.samplers, tokens))
+        for i, req in enumerate(handle.requests):
+            drafts = spec.get(req)
+            if drafts is None:
+                continue
+            num_out = len(emitted[req])
+            self.spec.record(len(drafts), num_out)
+            req.num_computed_tokens -= len(drafts) + 1 - num_out
+            handle.seq_lens[i] = req.num_tokens
+            self.kv.trim(req)
+            self.runner.batch.truncate(req)
+
     def _fail(self, reqs: list[Request], exc: Exception, outputs: list[RequestOutput]) -> None:
         for req in reqs:
             outputs.append(self._finish(req, "error", f"forward pass failed: {exc!r}", ERR_ENGINE))
@@ -303,8 +342,9 @@ class Engine:
                 extend_prompt_logprobs(req, first, entries)
         return step.by_request
 
-    def _accept_token(self, req: Request, token: int, now: float,
-                      logprob: TokenLogprob | None = None) -> RequestOutput:
+    def _append_token(self, req: Request, token: int, now: float,
+                      logprob: TokenLogprob | None) -> str | None:
+        """Add one output token; returns the finish reason it causes, if any."""
         if req.logprobs is not None:
             req.logprobs.append(logprob)
         req.output_token_ids.append(token)
@@ -312,15 +352,35 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = now
         params = req.params
-        reason = None
         if token in self.eos_token_ids and not params.ignore_eos:
-            reason = "stop"
-        elif token in params.stop_token_ids:
-            reason = "stop"
-        elif req.detok.add_token(token):
-            reason = "stop"
-        elif len(req.all_token_ids) >= req.max_num_tokens:
-            reason = "length"
+            return "stop"
+        if token in params.stop_token_ids:
+            return "stop"
+        if req.detok.add_token(token):
+            return "stop"
+        if len(req.all_token_ids) >= req.max_num_tokens:
+            return "length"
+        return None
+
+    def _accept_run(self, req: Request, tokens: list[int], now: float,
+                    logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
+        """A verification's tokens, in order; the first that finishes the request ends
+        it there, exactly where plain decoding would have stopped."""
+        for j, token in enumerate(tokens):
+            reason = self._append_token(req, token, now, None if logprobs is None else logprobs[j])
+            if reason is not None:
+                out = self._finish(req, reason, None)
+                out.new_token_ids = tokens[:j + 1]
+                return out
+        delta = req.detok.take_delta(False)
+        return RequestOutput(req.request_id, tokens, delta, tokens, delta, False, None, None,
+                             req.num_prompt_tokens, max(req.num_cached_tokens, 0), [],
+                             req.arrival_time, req.first_token_time, None, req.num_preemptions,
+                             logprobs=logprobs)
+
+    def _accept_token(self, req: Request, token: int, now: float,
+                      logprob: TokenLogprob | None = None) -> RequestOutput:
+        reason = self._append_token(req, token, now, logprob)
         if reason is not None:
             out = self._finish(req, reason, None)
             out.new_token_ids = [token]
@@ -334,6 +394,8 @@ class Engine:
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 error_code: str | None = None) -> RequestOutput:
+        if self.spec is not None and reason in ("stop", "length"):
+            self.spec.finished(req)
         self.scheduler.remove(req)
         self.runner.remove(req)
         self.requests.pop(req.request_id, None)
@@ -387,4 +449,9 @@ class Engine:
                             [None] + [e.logprob for e in o.prompt_logprobs[1:]]) for o in outs]
 
     def stats(self) -> dict:
-        return self.counters.snapshot(self.kv, self.scheduler)
+        """Counters and gauges; with speculation on, also the spec_decode_* figures
+        (engine/spec/stats.py: acceptance rate, mean accepted length)."""
+        out = self.counters.snapshot(self.kv, self.scheduler)
+        if self.spec is not None:
+            out.update(self.spec.stats.snapshot())
+        return out

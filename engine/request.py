@@ -67,6 +67,8 @@ class Request:
     # starts with None (the first token has no context) and grows chunk by chunk
     logprobs: list | None = None
     prompt_logprobs: list | None = None
+    # speculative decoding: the proposer's own state of this request (engine/spec/)
+    spec_state: object = None
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

@@ -59,6 +59,10 @@ class SamplingParams:
       the ones before it (the first has none); such a request recomputes its whole prompt
       instead of taking prefix-cache hits. Both are the model's raw logprobs
       (engine/logprobs.py).
+    - `speculative`: whether this request may speculate when the engine has a
+      speculative_config: None = yes for interactive priorities, no for batch ones
+      (priority >= its `batch_priority`); True / False force it. Greedy output is the
+      same either way; sampled output keeps its distribution (engine/spec/).
     """
 
     # NOTE: read by pydantic when the wire validates into this class (the engine never
@@ -75,6 +79,7 @@ class SamplingParams:
     ignore_eos: bool = _limits(False)
     logprobs: int | None = _limits(None, ge=0, le=MAX_LOGPROBS)
     prompt_logprobs: int | None = _limits(None, ge=0, le=MAX_LOGPROBS)
+    speculative: bool | None = _limits(None)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -119,7 +124,7 @@ def _check(f: dataclasses.Field, value: Any) -> None:
     elif f.type == "float":
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise SamplingParamsError(f"{name}={value!r} must be a finite number", name)
-    elif f.type == "bool" and not isinstance(value, bool):
+    elif f.type in ("bool", "bool | None") and not isinstance(value, bool):
         raise SamplingParamsError(f"{name}={value!r} must be true or false", name)
     lo, hi = md.get("ge", md.get("gt")), md.get("le")
     if lo is not None and (value < lo or (value == lo and "gt" in md)) or hi is not None and value > hi:

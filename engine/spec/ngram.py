@@ -1,0 +1,95 @@
+"""N-gram prompt lookup: draft the tokens that followed the last time the context's suffix
+appeared in the request's own prompt and output.
+
+    tokens  ... a b c d ... x a b c   <- the suffix "a b c" (n = 3) occurred before;
+                      ^ e                 propose what followed it: d ...
+
+The longest suffix of `prompt_lookup_max` down to `prompt_lookup_min` tokens that occurs
+earlier wins; among its occurrences, the latest. When what followed it runs into the end
+of the context (the context repeats with period p = len - 1 - e), the drafts go on
+around that period: a loop is drafted as going on. The search is vectorised over the whole
+context (numpy), one pass per suffix length: no Python loop over tokens, however long the
+context. Each request keeps its tokens in a numpy array that grows by the new tokens only
+(`TokenHistory`, on `Request.spec_state`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from inflight.engine.request import Request
+
+
+class TokenHistory:
+    """A request's prompt + output as a growing int64 array (appended, never rewritten:
+    a request's tokens only grow)."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self, capacity: int = 256):
+        self.buf = np.empty(capacity, dtype=np.int64)
+        self.n = 0
+
+    def sync(self, tokens: list[int]) -> np.ndarray:
+        """Take the tokens added since the last call; returns the whole history (a view)."""
+        new = len(tokens)
+        if new > self.n:
+            if new > len(self.buf):
+                grown = np.empty(max(new, 2 * len(self.buf)), dtype=np.int64)
+                grown[:self.n] = self.buf[:self.n]
+                self.buf = grown
+            self.buf[self.n:new] = tokens[self.n:new]
+            self.n = new
+        return self.buf[:self.n]
+
+
+def history(req: Request) -> np.ndarray:
+    state = req.spec_state
+    if state is None:
+        state = req.spec_state = TokenHistory(max(256, 2 * req.num_tokens))
+    return state.sync(req.all_token_ids)
+
+
+def longest_suffix_match(tokens: np.ndarray, n_min: int, n_max: int) -> tuple[int, np.ndarray]:
+    """(n, ends): the longest n in [n_min, n_max] such that tokens[-n:] also occurs ending
+    at each position e in `ends` (e < len - 1, so something follows); (0, empty) if none."""
+    L = len(tokens)
+    empty = np.empty(0, dtype=np.int64)
+    if L < n_min + 1:
+        return 0, empty
+    ends = np.flatnonzero(tokens[:L - 1] == tokens[L - 1])
+    best_n, best = (1, ends) if n_min <= 1 and ends.size else (0, empty)
+    for j in range(1, min(n_max, L - 1)):
+        if ends.size == 0:
+            break
+        ends = ends[ends >= j]
+        ends = ends[tokens[ends - j] == tokens[L - 1 - j]]
+        if ends.size and j + 1 >= n_min:
+            best_n, best = j + 1, ends
+    return best_n, best
+
+
+def propose_ngram(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
+    """k draft tokens (or none): what followed the latest earlier occurrence of the
+    longest matching suffix."""
+    n, ends = longest_suffix_match(tokens, n_min, n_max)
+    if not n:
+        return []
+    e = int(ends[-1])
+    period = len(tokens) - 1 - e
+    if period >= k:
+        return tokens[e + 1:e + 1 + k].tolist()
+    return tokens[e + 1 + np.arange(k) % period].tolist()
+
+
+class NgramProposer:
+    def __init__(self, k: int, n_min: int, n_max: int):
+        self.k, self.n_min, self.n_max = k, n_min, n_max
+
+    def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int]]:
+        """Drafts for each request, at most limits[i] tokens each."""
+        return [propose_ngram(history(r), min(self.k, lim), self.n_min, self.n_max)
+                for r, lim in zip(reqs, limits)]
+
+    def finished(self, req: Request) -> None:
+        """A request ended (nothing kept across requests)."""
