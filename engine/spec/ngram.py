@@ -73,9 +73,11 @@ def propose_ngram(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[in
     """k draft tokens (or none): what followed the latest earlier occurrence of the
     longest matching suffix."""
     n, ends = longest_suffix_match(tokens, n_min, n_max)
-    if not n:
-        return []
-    e = int(ends[-1])
+    return continuation(tokens, int(ends[-1]), k) if n else []
+
+
+def continuation(tokens: np.ndarray, e: int, k: int) -> list[int]:
+    """k tokens after position e; past the context's end, around the period len - 1 - e."""
     period = len(tokens) - 1 - e
     if period >= k:
         return tokens[e + 1:e + 1 + k].tolist()
