@@ -121,7 +121,7 @@ class DraftProposer:
         lim = dev[3 * B:4 * B].long()
         sampling = self._sampling(sel, dev[4 * B:5 * B].view(torch.float32), temps)
         block_tables = batch.block_table_dev[t_rows, :width]
-        drafts, probs = self._run(ids, start, lim, block_tables, K, sampling)
+        drafts, probs = self._run(ids, start, lim, block_tables, lims, sampling)
         if probs is not None:
             self._probs = probs
             self._row = {r: b for b, r in enumerate(sel)}
@@ -139,9 +139,12 @@ class DraftProposer:
         top_p = col([float(r.params.top_p) for r in reqs], 1.0)
         return SamplingBatch(t_temp, top_k, top_p, [r.generator for r in reqs], False)
 
-    def _run(self, ids, start, lim, block_tables, K: int, sampling: SamplingBatch | None):
-        """K draft forwards of B tokens; -> drafts [B, K], q [B, K, V] (sampling) or None."""
+    def _run(self, ids, start, lim, block_tables, lims: list[int], sampling: SamplingBatch | None):
+        """K = max(lims) draft forwards of B tokens; -> drafts [B, K], q [B, K, V] (when
+        some row samples) or None. NOTE: a seeded row draws from its generator only for its
+        own lims[b] drafts, so its draws do not depend on the rest of the batch."""
         runner, model = self.runner, self.model
+        K = max(lims)
         B = ids.shape[0]
         bs = runner.block_size
         qsl = runner._arange32[:B + 1]
@@ -161,7 +164,7 @@ class DraftProposer:
                 q = target_probs(logits[:, None], sampling)[:, 0]
                 race = torch.empty_like(q).exponential_(generator=runner.generator)
                 for b, gen in enumerate(sampling.generators):
-                    if gen is not None:
+                    if gen is not None and j < lims[b]:
                         race[b].exponential_(generator=gen)
                 ids = torch.where(sampling.temperature == 0, ids, (q / race).argmax(dim=-1))
                 qs.append(q)
