@@ -87,7 +87,7 @@ def error_response(request: Request, status: int, message: str, *, param: str | 
 
 def _loc(loc: tuple[Any, ...]) -> str | None:
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or None
+    return ".".join(parts) if parts else None  # (a key may be "")
 
 
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -165,6 +165,27 @@ def write_refused_messages(store: Store, batch: BatchRow,
     problem, or that it did not run because other lines of its batch were refused. A line
     too broken to name its custom_id is reported as `line-N`."""
     first = min(line_errors) if line_errors else None
+
+    def result(no: int) -> dict[str, Any]:
+        message = line_errors.get(no) or (
+            f"not run: this batch was refused at validation (line {first}: "
+            f"{line_errors[first]})" if first is not None else "not run")
+        return {"type": "errored", "error": {"type": "error", "error": {
+            "type": "invalid_request_error", "message": message}}}
+
+    return _unrun_messages(store, batch, result)
+
+
+def write_unrun_messages(store: Store, batch: BatchRow, status: str) -> tuple[str | None, int]:
+    """A Message Batch cancelled or expired before its requests were published: (results
+    file id, requests in it), every request `canceled` or `expired`, as Anthropic reports
+    them (not an ended batch without results)."""
+    kind = {"type": "expired" if status == EXPIRED else "canceled"}
+    return _unrun_messages(store, batch, lambda _no: kind)
+
+
+def _unrun_messages(store: Store, batch: BatchRow,
+                    result: Callable[[int], dict[str, Any]]) -> tuple[str | None, int]:
     n = 0
 
     def lines() -> Iterator[bytes]:
@@ -176,13 +197,9 @@ def write_refused_messages(store: Store, batch: BatchRow,
                 cid = parse_json(raw).get("custom_id")
             except (ValueError, AttributeError):
                 cid = None
-            message = line_errors.get(no) or (
-                f"not run: this batch was refused at validation (line {first}: "
-                f"{line_errors[first]})" if first is not None else "not run")
             n += 1
             yield orjson.dumps({"custom_id": cid if isinstance(cid, str) else f"line-{no}",
-                                "result": {"type": "errored", "error": {"type": "error", "error": {
-                                    "type": "invalid_request_error", "message": message}}}}) + b"\n"
+                                "result": result(no)}) + b"\n"
 
     row = store.create_file(lines(), purpose="batch_output",
                             filename=f"{batch.id}_results.jsonl", owner=batch.owner)

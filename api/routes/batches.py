@@ -71,7 +71,11 @@ async def list_batches(ctx: Ctx, caller: Caller,
                        after: Annotated[str | None, Query(max_length=128)] = None,
                        limit: Annotated[int, Query(ge=1, le=100)] = 20) -> Response:
     if after is not None:
-        await owned_batch(ctx, caller, after, OPENAI_ENDPOINTS)
+        try:
+            await owned_batch(ctx, caller, after, OPENAI_ENDPOINTS)
+        except APIError:
+            raise APIError(404, f"after: no batch {after!r:.140} to page from; list again "
+                                "without `after`", param="after", code="not_found") from None
     rows = await ctx.db(lambda: ctx.store.list_batches(
         owner=caller.owner, after=after, limit=limit + 1, endpoint=OPENAI_ENDPOINTS))
     page = [batch_jobs.batch_object(r) for r in rows[:limit]]

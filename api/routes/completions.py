@@ -66,12 +66,17 @@ async def completions(body: CompletionRequest, ctx: Ctx, caller: Caller) -> Any:
                 final = await _next(ctx, events)
             if isinstance(final, ErrorEvent):
                 raise error_status(final)
-            return json_response(completion(rid, model, body, final))
+            answer = json_response(completion(rid, model, body, final))
     except BaseException:
         ctx.streams.release()
         with anyio.CancelScope(shield=True):
             await events.aclose()
         raise
+    if not body.stream:  # answered whole: its slot and reader go now (a stream's in _chunks)
+        ctx.streams.release()
+        with anyio.CancelScope(shield=True):
+            await events.aclose()
+        return answer
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     echo = body.prompt_text if body.echo else None
     return StreamingResponse(_chunks(ctx, rid, model, first, events, include_usage, echo),

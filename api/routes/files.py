@@ -74,11 +74,18 @@ async def owned_file(ctx: ApiContext, caller: Caller, file_id: str):
 @router.get("", response_model=FileList, summary="List your files, newest first")
 async def list_files(ctx: Ctx, caller: Caller,
                      purpose: Annotated[str | None, Query(max_length=32)] = None,
-                     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+                     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
                      after: Annotated[str | None, Query(max_length=128)] = None,
                      order: Annotated[Literal["desc"], Query()] = "desc") -> Response:
+    # NOTE: OpenAI's default page is 10,000: the SDK's `for f in files.list(): delete(f)`
+    # then reads one page, and never pages from a cursor it has just deleted
     if after is not None:
-        await owned_file(ctx, caller, after)
+        try:
+            await owned_file(ctx, caller, after)
+        except APIError:
+            raise APIError(404, f"after: no file {after!r:.140} to page from (deleted, or "
+                                "never yours); list again without `after`", param="after",
+                           code="not_found") from None
     rows = await ctx.db(lambda: ctx.store.list_files(owner=caller.owner, purpose=purpose,
                                                      limit=limit + 1, after=after))
     page = [file_object(r) for r in rows[:limit]]

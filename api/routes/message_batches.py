@@ -83,13 +83,14 @@ def _lines(ctx: Ctx, body: bytes, batch_id: str) -> list[bytes]:
                 and isinstance(item["custom_id"], str) and isinstance(item["params"], dict)):
             raise APIError(400, f"requests.{i}: give exactly custom_id (a string) and params "
                                 "(a Messages API request)", param=f"requests.{i}")
-        line = orjson.dumps(item)
+        line = orjson.dumps(item)  # NOTE: parse_json let through nothing it cannot encode
         if len(line) > s.api_max_line_bytes:
             raise APIError(413, f"requests.{i} is {len(line):,} bytes, over the limit of "
                                 f"{s.api_max_line_bytes:,} (server setting "
                                 "INFLIGHT_API_MAX_LINE_BYTES)", param=f"requests.{i}")
         try:
-            checker.convert(line)
+            # the parsed item, not `line` read back: a NaN would read as null there
+            checker.convert_object(item, line)
         except SchemaError as exc:
             field = f"requests.{i}.{exc.field}" if exc.field else f"requests.{i}"
             raise APIError(400, f"requests.{i}: {exc.message}", param=field,
@@ -134,7 +135,12 @@ async def list_message_batches(ctx: Ctx, caller: Caller,
         raise APIError(400, "before_id is not supported; page forward with after_id",
                        param="before_id")
     if after_id is not None:
-        await owned_batch(ctx, caller, after_id, ENDPOINTS, "message batch")
+        try:
+            await owned_batch(ctx, caller, after_id, ENDPOINTS, "message batch")
+        except APIError:
+            raise APIError(404, f"after_id: no message batch {after_id!r:.140} to page "
+                                "from; list again without `after_id`", param="after_id",
+                           code="not_found") from None
     rows = await ctx.db(lambda: ctx.store.list_batches(
         owner=caller.owner, after=after_id, limit=limit + 1, endpoint=ENDPOINTS))
     page = [_object(ctx, r) for r in rows[:limit]]
