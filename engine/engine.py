@@ -322,7 +322,7 @@ class Engine:
             if drafts is None:
                 continue
             num_out = len(emitted[req])
-            self.spec.record(len(drafts), num_out)
+            self.spec.record(req, len(drafts), num_out)
             req.num_computed_tokens -= len(drafts) + 1 - num_out
             handle.seq_lens[i] = req.num_tokens
             self.kv.trim(req)

@@ -23,4 +23,4 @@ def build_spec_decoder(config, engine) -> SpecDecoder | None:
         from inflight.engine.spec.draft import DraftProposer
 
         proposer = DraftProposer.for_engine(spec, engine)
-    return SpecDecoder(spec, proposer)
+    return SpecDecoder(spec, proposer, engine.device.type)

@@ -29,6 +29,10 @@ DEFAULT_DISABLE_BY_BATCH_SIZE = 8
 # Requests of this priority value or higher (the wire's PRIORITY_BATCH) do not speculate
 # unless their SamplingParams.speculative is True: an overnight batch keeps the device busy.
 DEFAULT_BATCH_PRIORITY = 10
+# draft_token_cost by device type: CPU measured (benchmarks/spec_decode.py: a 5-token forward
+# of SmolLM2-135M costs ~1.8 one-token ones); CUDA from the bound on verification
+# at batch 1 (k = 4 within 1.3x of a plain step), not measured yet.
+DRAFT_TOKEN_COST = {"cpu": 0.2, "cuda": 0.075}
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,10 @@ class SpeculativeConfig:
       speculate (None: always may).
     - `batch_priority`: requests with a priority value >= this do not speculate unless
       their SamplingParams.speculative is True (inflight's own key).
+    - `draft_token_cost`: what one draft token adds to a verification forward, as a share
+      of a plain decode step; each request then verifies as many drafts (<= k) as pay for
+      themselves at its own acceptance rate (engine/spec/adaptive.py). 0 = always k (vLLM's
+      behaviour); None = the device's default (DRAFT_TOKEN_COST). Inflight's own key.
     - `suffix_decoding_max_tree_depth`: longest context suffix matched; a draft is at most
       `suffix_decoding_max_spec_factor` x the match length long;
       `suffix_decoding_min_token_prob`: a draft token needs at least this share of the
@@ -57,6 +65,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
     batch_priority: int = DEFAULT_BATCH_PRIORITY
+    draft_token_cost: float | None = None
     suffix_decoding_max_tree_depth: int = 24
     suffix_decoding_max_cached_requests: int = 1000
     suffix_decoding_max_spec_factor: float = 1.0
@@ -80,6 +89,8 @@ class SpeculativeConfig:
                               f"prompt_lookup_max={self.prompt_lookup_max} must satisfy 1 <= min <= max")
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise bad("disable_by_batch_size", "must be >= 1 (or null: never disabled)")
+        if self.draft_token_cost is not None and not 0.0 <= self.draft_token_cost <= 10.0:
+            raise bad("draft_token_cost", "must be in [0, 10] (0: always num_speculative_tokens)")
         if self.suffix_decoding_max_tree_depth < 1:
             raise bad("suffix_decoding_max_tree_depth", "must be >= 1")
         if self.suffix_decoding_max_cached_requests < 0:

@@ -9,24 +9,30 @@ A running request speculates in a step when all of these hold:
       `batch_priority` (batch work is compute-bound by design);
     - it is decoding (its computed tokens have caught up but for its last token) and
       has room: k is cut so that the last token a verification could emit is at most
-      the request's last (max_tokens, context), so no K/V is computed past it.
+      the request's last (max_tokens, context), so no K/V is computed past it;
+    - drafts pay for themselves at its acceptance rate so far: it asks for the number
+      of drafts that does (engine/spec/adaptive.py; none: it decodes plainly).
 """
 
 from __future__ import annotations
 
 from inflight.engine.request import Request, RequestStatus
-from inflight.engine.spec.config import SpeculativeConfig
+from inflight.engine.spec.adaptive import DraftLength
+from inflight.engine.spec.config import DRAFT_TOKEN_COST, SpeculativeConfig
 from inflight.engine.spec.stats import SpecStats
 
 
 class SpecDecoder:
-    def __init__(self, config: SpeculativeConfig, proposer):
+    def __init__(self, config: SpeculativeConfig, proposer, device_type: str = "cpu"):
         """`proposer.propose(requests, limits) -> drafts per request` (engine/spec/ngram.py,
         suffix.py, draft.py); `proposer.finished(request)` when one ends."""
         self.config = config
         self.k = config.num_speculative_tokens
         self.proposer = proposer
         self.stats = SpecStats(self.k)
+        cost = config.draft_token_cost
+        self.draft_token_cost = DRAFT_TOKEN_COST.get(device_type, DRAFT_TOKEN_COST["cuda"]) \
+            if cost is None else cost
 
     def enabled_for(self, req: Request) -> bool:
         on = req.params.speculative
@@ -50,9 +56,17 @@ class SpecDecoder:
             if req.num_tokens - req.num_computed_tokens != 1 or not self.enabled_for(req):
                 continue
             limit = min(self.k, req.max_num_tokens - req.num_tokens - 1)
-            if limit > 0:
+            if limit <= 0:
+                continue
+            length = req.spec_draft
+            if length is None:
+                length = req.spec_draft = DraftLength()
+            want = length.choose(limit, self.draft_token_cost)
+            if want:
                 reqs.append(req)
-                limits.append(limit)
+                limits.append(want)
+            else:
+                length.idle()
         if not reqs:
             return {}
         drafts = self.proposer.propose(reqs, limits)
@@ -67,9 +81,11 @@ class SpecDecoder:
         K = max(len(d) for d in sched.spec_token_ids.values())
         return get(sched.requests, sched.spec_token_ids, K)
 
-    def record(self, num_drafts: int, num_emitted: int) -> None:
+    def record(self, req: Request, num_drafts: int, num_emitted: int) -> None:
         """One request's verification: `num_drafts` checked, `num_emitted` tokens out."""
         self.stats.record(num_drafts, num_emitted - 1)
+        if req.spec_draft is not None:
+            req.spec_draft.observe(num_drafts, num_emitted - 1)
 
     def finished(self, req: Request) -> None:
         self.proposer.finished(req)

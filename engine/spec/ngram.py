@@ -5,12 +5,21 @@ appeared in the request's own prompt and output.
                       ^ e                 propose what followed it: d ...
 
 The longest suffix of `prompt_lookup_max` down to `prompt_lookup_min` tokens that occurs
-earlier wins; among its occurrences, the latest. When what followed it runs into the end
-of the context (the context repeats with period p = len - 1 - e), the drafts go on
-around that period: a loop is drafted as going on. The search is vectorised over the whole
-context (numpy), one pass per suffix length: no Python loop over tokens, however long the
-context. Each request keeps its tokens in a numpy array that grows by the new tokens only
-(`TokenHistory`, on `Request.spec_state`).
+earlier wins; among its occurrences, the one nearest to where the request was copying from
+(below), else the latest. When what followed it runs into the end of the context (the
+context repeats with period p = len - 1 - e), the drafts go on around that period: a loop
+is drafted as going on. The search is vectorised over the whole context (numpy), one pass
+per suffix length: no Python loop over tokens, however long the context. Each request
+keeps its tokens in a numpy array that grows by the new tokens only (`TokenHistory`, on
+`Request.spec_state`).
+
+Where it was copying from: a request that copies a text with edits (corrects it, quotes it
+with small changes) leaves the source at each edit, and no n-gram of the edited output
+matches for a token or two. So each request remembers the source position its last drafts
+came from (the anchor); the tokens it emitted since move that position on one for one. When
+no n-gram matches, its last token is looked for within WINDOW tokens of that position (the
+edit was a substitution, an insertion or a deletion of a few tokens) and the drafts go on
+from there: copying resumes after one token instead of after `prompt_lookup_min`.
 """
 
 from __future__ import annotations
@@ -20,15 +29,25 @@ import numpy as np
 from inflight.engine.request import Request
 
 
+WINDOW = 8  # tokens either side of the anchor searched to take copying up again
+
+
 class TokenHistory:
     """A request's prompt + output as a growing int64 array (appended, never rewritten:
-    a request's tokens only grow)."""
+    a request's tokens only grow), and where its last drafts were copied from."""
 
-    __slots__ = ("buf", "n")
+    __slots__ = ("buf", "n", "anchor", "anchor_len")
 
     def __init__(self, capacity: int = 256):
         self.buf = np.empty(capacity, dtype=np.int64)
         self.n = 0
+        self.anchor = -1      # drafts were tokens[anchor + 1:] ...
+        self.anchor_len = 0   # ... proposed when the history had this many tokens
+
+    def expected(self, length: int) -> int:
+        """Where the last token would sit in the source had the request copied on since
+        its last drafts (-1: no source)."""
+        return self.anchor + length - self.anchor_len if self.anchor >= 0 else -1
 
     def sync(self, tokens: list[int]) -> np.ndarray:
         """Take the tokens added since the last call; returns the whole history (a view)."""
@@ -69,11 +88,32 @@ def longest_suffix_match(tokens: np.ndarray, n_min: int, n_max: int) -> tuple[in
     return best_n, best
 
 
-def propose_ngram(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
-    """k draft tokens (or none): what followed the latest earlier occurrence of the
-    longest matching suffix."""
+def propose_ngram(tokens: np.ndarray, k: int, n_min: int, n_max: int,
+                  state: TokenHistory | None = None) -> list[int]:
+    """k draft tokens (or none): what followed the occurrence of the longest matching
+    suffix nearest to the anchor of `state` (else the latest), or with no match, what
+    followed the last token near the anchor. Moves the anchor to where the drafts came
+    from; with none, the anchor stays for the next token to find (for WINDOW tokens)."""
+    L = len(tokens)
+    x = state.expected(L) if state is not None and L - state.anchor_len <= WINDOW else -1
     n, ends = longest_suffix_match(tokens, n_min, n_max)
-    return continuation(tokens, int(ends[-1]), k) if n else []
+    e = -1
+    if n:
+        e = int(ends[-1])
+        if x >= 0:
+            near = ends[np.abs(ends - x) <= WINDOW]
+            if near.size:
+                e = int(near[np.abs(near - x).argmin()])
+    elif x >= 0:
+        lo, hi = max(0, x - WINDOW), min(L - 1, x + WINDOW + 1)
+        hits = np.flatnonzero(tokens[lo:hi] == tokens[L - 1]) + lo
+        if hits.size:
+            e = int(hits[np.abs(hits - x).argmin()])
+    if e < 0:
+        return []
+    if state is not None:
+        state.anchor, state.anchor_len = e, L
+    return continuation(tokens, e, k)
 
 
 def continuation(tokens: np.ndarray, e: int, k: int) -> list[int]:
@@ -90,7 +130,7 @@ class NgramProposer:
 
     def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int]]:
         """Drafts for each request, at most limits[i] tokens each."""
-        return [propose_ngram(history(r), min(self.k, lim), self.n_min, self.n_max)
+        return [propose_ngram(history(r), min(self.k, lim), self.n_min, self.n_max, r.spec_state)
                 for r, lim in zip(reqs, limits)]
 
     def finished(self, req: Request) -> None:

@@ -9,7 +9,8 @@ from tests.engine.spec.conftest import GREEDY, drain, make, methods, spec_prompt
 
 
 def self_draft(path, **over):
-    return {**methods(path, path)["self-draft"], **over}
+    """The target drafting for itself, always k drafts (acceptance 1.0: counts are exact)."""
+    return {**methods(path, path)["self-draft"], "draft_token_cost": 0.0, **over}
 
 
 def test_drafts_count_against_the_token_budget(tiny_model_path):
