@@ -28,6 +28,7 @@ largest batch (engine/startup.py) and the figures are logged.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import itertools
 import logging
@@ -53,9 +54,12 @@ from inflight.engine.startup import build_device_side
 from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
 from inflight.engine.errors import InflightError
-from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
+from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_PROMPT_TOO_LONG
 
 log = logging.getLogger(__name__)
+
+
+COMPILE_NAP_S = 0.005  # an engine with only compiles in flight looks again this often
 
 
 class DuplicateRequestError(InflightError, ValueError):
@@ -94,6 +98,8 @@ class Engine:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
         self.spec = build_spec_decoder(config, self)  # None without a speculative_config
+        self.grammars = None  # engine.grammar.GrammarCompiler, on the first constrained request
+        self._compiling: list[Request] = []  # waiting for their grammar, not yet queued
 
     def bind_thread(self) -> None:
         """Make this engine's device current on the calling thread for good (the thread
@@ -105,10 +111,11 @@ class Engine:
                     prompt_token_ids: Sequence[int] | None = None,
                     params: SamplingParams | None = None, priority: int = 0, *,
                     messages: Sequence[dict] | None = None, arrival_time: float | None = None,
-                    extra_keys: tuple = ()) -> None:
+                    extra_keys: tuple = (), tools: Sequence[dict] | None = None) -> None:
         """Queue a request (text `prompt`, `prompt_token_ids`, or chat `messages`). Lower
         `priority` values are served first. Problems with the request itself surface as a
-        final output with finish_reason "error" at the next step."""
+        final output with finish_reason "error" at the next step. `tools`: OpenAI function
+        definitions for a chat template that renders them (`tokenizer.takes_tools`)."""
         if request_id in self.requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already active in this "
                                         "engine; wait for its final output or abort it first")
@@ -118,7 +125,7 @@ class Engine:
             if prompt_token_ids is None:
                 if messages is not None:
                     # the template already holds any BOS it wants (as in HF's apply_chat_template)
-                    text = self.tokenizer.apply_chat_template(messages)
+                    text = self.tokenizer.apply_chat_template(messages, tools=tools)
                     prompt_token_ids = self.tokenizer.encode(text, add_special_tokens=False)
                 else:
                     prompt_token_ids = self.tokenizer.encode(prompt) if prompt else []
@@ -138,7 +145,56 @@ class Engine:
             req.generator.manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
         self.requests[request_id] = req
-        self.scheduler.add(req)
+        so = params.structured_outputs
+        if so is not None:
+            # NOTE: compiled in the grammar pool; queued once compiled (_admit_compiled)
+            req.grammar_future = self._grammar_compiler().submit(so.kind, so.key)
+            self._compiling.append(req)
+        else:
+            self.scheduler.add(req)
+
+    def _grammar_compiler(self):
+        # NOTE: the grammar engine is imported with the first constrained request only
+        from inflight.engine.grammar import GrammarCompiler
+
+        if self.grammars is None:
+            self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size,
+                                            self.tokenizer.eos_token_ids)
+            self.runner.enable_structured_outputs(self.grammars)
+        return self.grammars
+
+    def _admit_compiled(self, outputs: list[RequestOutput]) -> None:
+        """Queue the requests whose grammar is compiled; end those whose grammar failed.
+        Never waits: a compile still running stays in the list."""
+        from inflight.engine.grammar import GrammarError, GrammarMatcher
+
+        still = []
+        for req in self._compiling:
+            fut = req.grammar_future
+            if not fut.done():
+                still.append(req)
+                continue
+            req.grammar_future = None
+            try:
+                req.grammar = GrammarMatcher(fut.result())
+            except GrammarError as exc:
+                outputs.append(self._finish(req, "error", f"structured_outputs.{req.params.structured_outputs.kind} "
+                                            f"does not compile for this model's tokenizer: {exc}",
+                                            ERR_INVALID_SCHEMA))
+                continue
+            except Exception as exc:  # noqa: BLE001 - one compile must not stop the engine
+                log.exception("grammar compile failed")
+                outputs.append(self._finish(req, "error", f"the grammar compile failed: {exc!r}",
+                                            ERR_ENGINE))
+                continue
+            self.scheduler.add(req)
+        self._compiling = still
+
+    def _nap_on_compiles(self) -> None:
+        """Nothing to run but compiles in flight: wait a moment for one (never while any
+        request could step), rather than spin the caller's loop."""
+        concurrent.futures.wait([r.grammar_future for r in self._compiling], timeout=COMPILE_NAP_S,
+                                return_when=concurrent.futures.FIRST_COMPLETED)
 
     def _validate(self, req: Request) -> tuple[str, str] | None:
         """(error code, message) when the request cannot run here, else None."""
@@ -185,6 +241,12 @@ class Engine:
 
     def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        if self._compiling:
+            self._admit_compiled(outputs)
+            if self._compiling and not outputs and not self.scheduler.has_unfinished() \
+                    and self._inflight is None:
+                self._nap_on_compiles()
+                self._admit_compiled(outputs)
         if self.overlap:
             if self.spec is None or not self.spec.may_speculate(self.scheduler.running):
                 return self._step_overlapped(outputs)
@@ -230,6 +292,11 @@ class Engine:
         finish was computed once more in N+1: that token is dropped (it is finished)."""
         launched, failed = None, None
         sched = None
+        if self._inflight is not None and self._inflight.constrained:
+            # NOTE: a constrained request's next mask needs the token the step in flight
+            # samples: process that step first (no overlap while grammars run)
+            prev, self._inflight = self._inflight, None
+            self._process(prev, outputs)
         if self.scheduler.has_unfinished():
             sched = self._schedule(outputs)
             if not sched.is_empty:
@@ -352,15 +419,28 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = now
         params = req.params
+        grammar = req.grammar
+        if grammar is not None and not grammar.accept(token):
+            req.error = (f"the grammar refused sampled token {token} ({grammar.error}): "
+                         "the mask was not applied")
+            return "error"
         if token in self.eos_token_ids and not params.ignore_eos:
             return "stop"
         if token in params.stop_token_ids:
             return "stop"
         if req.detok.add_token(token):
             return "stop"
+        if grammar is not None and grammar.terminated:
+            return "stop"  # the grammar is complete: only EOS could follow
         if len(req.all_token_ids) >= req.max_num_tokens:
             return "length"
         return None
+
+    def _finish_for(self, req: Request, reason: str) -> RequestOutput:
+        """Finish req for what its last token caused (an error: the grammar refused it)."""
+        if reason == "error":
+            return self._finish(req, "error", req.error, ERR_ENGINE)
+        return self._finish(req, reason, None)
 
     def _accept_run(self, req: Request, tokens: list[int], now: float,
                     logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
@@ -369,8 +449,8 @@ class Engine:
         for j, token in enumerate(tokens):
             reason = self._append_token(req, token, now, None if logprobs is None else logprobs[j])
             if reason is not None:
-                out = self._finish(req, reason, None)
-                out.new_token_ids = tokens[:j + 1]
+                out = self._finish_for(req, reason)
+                out.new_token_ids = tokens[:j + (reason != "error")]
                 return out
         delta = req.detok.take_delta(False)
         return RequestOutput(req.request_id, tokens, delta, tokens, delta, False, None, None,
@@ -382,8 +462,9 @@ class Engine:
                       logprob: TokenLogprob | None = None) -> RequestOutput:
         reason = self._append_token(req, token, now, logprob)
         if reason is not None:
-            out = self._finish(req, reason, None)
-            out.new_token_ids = [token]
+            out = self._finish_for(req, reason)
+            if reason != "error":
+                out.new_token_ids = [token]
             return out
         # NOTE: a delta: token_ids/text are the delta too (see RequestOutput)
         new, delta = [token], req.detok.take_delta(False)
@@ -396,6 +477,9 @@ class Engine:
                 error_code: str | None = None) -> RequestOutput:
         if self.spec is not None and reason in ("stop", "length"):
             self.spec.finished(req)
+        if req.grammar_future is not None:  # still compiling
+            self._compiling.remove(req)
+            req.grammar_future = None
         self.scheduler.remove(req)
         self.runner.remove(req)
         self.requests.pop(req.request_id, None)
@@ -449,9 +533,14 @@ class Engine:
                             [None] + [e.logprob for e in o.prompt_logprobs[1:]]) for o in outs]
 
     def stats(self) -> dict:
-        """Counters and gauges; with speculation on, also the spec_decode_* figures
-        (engine/spec/stats.py: acceptance rate, mean accepted length)."""
         out = self.counters.snapshot(self.kv, self.scheduler)
+        g, masks = self.grammars, self.runner.bitmasks
+        out.update(grammar_compiling=len(self._compiling),
+                   grammar_compiles=g.compiles if g else 0,
+                   grammar_cache_hits=g.cache_hits if g else 0,
+                   grammar_compile_s=g.compile_s if g else 0.0,
+                   grammar_masks=masks.rows if masks else 0,
+                   grammar_mask_host_s=masks.host_s if masks else 0.0)
         if self.spec is not None:
             out.update(self.spec.stats.snapshot())
         return out

@@ -75,6 +75,7 @@ class StepHandle:
     event: torch.cuda.Event | None = None
     logprobs: StepLogprobs | None = None  # when a request asked for logprobs (resolved by result)
     emitted: torch.Tensor | None = None  # [n, K+1] a verification step's tokens (-1 padded)
+    constrained: bool = False     # some sampler's tokens were masked by its grammar
 
 
 class StepOrderError(RuntimeError):
@@ -128,6 +129,7 @@ class ModelRunner:
         self._prev_index: dict = {}
         self.num_device_fed = 0  # input tokens taken from the last step's samples (overlap)
         self._greedy = SamplingBatch(torch.empty(0), None, None, [], True)
+        self.bitmasks = None  # engine.bitmask.BitmaskStage, set by enable_structured_outputs
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs:
             self.graphs = DecodeGraphs(max_num_seqs, self.device, self._decode_body, self.vocab_size)
@@ -151,6 +153,16 @@ class ModelRunner:
         if self.graphs is None or self.kv_caches is None:
             raise RuntimeError("capture_graphs needs cuda_graphs=True and the KV cache allocated")
         self.graphs.capture(self.batch.pad_row)
+
+    def enable_structured_outputs(self, compiler) -> None:
+        """Buffers for the constrained sequences' token bitmasks (the first constrained
+        request's admission; a runner without them never pays for them, nor imports the
+        grammar engine)."""
+        from inflight.engine.bitmask import BitmaskStage
+
+        if self.bitmasks is None:
+            self.bitmasks = BitmaskStage(compiler, self.max_num_seqs, self.device,
+                                         separate=self.staging.separate, stream=self.stream)
 
     # -- the batch's rows ----------------------------------------------------------------
     def remove(self, req: Request) -> None:
@@ -194,6 +206,7 @@ class ModelRunner:
         src_idx: list[int] = []
         samplers: list[Request] = []
         sample_pos: list[int] = []
+        masked: list = []              # (logits row, GrammarMatcher) of constrained samplers
         lp_reqs: list[Request] = []    # samplers that asked for logprobs, and their rows
         lp_pos: list[int] = []
         prompt_rows: list[tuple[Request, int, int]] = []  # (req, start, stop): prompt logprobs
@@ -245,6 +258,8 @@ class ModelRunner:
             if end == known + req.num_pending:
                 samplers.append(req)
                 sample_pos.append(i)
+                if req.grammar is not None:
+                    masked.append((i, req.grammar))
                 if req.logprobs is not None:
                     lp_reqs.append(req)
                     lp_pos.append(i)
@@ -347,10 +362,11 @@ class ModelRunner:
                 logit_rows, vidx, spec_drafts = layout.views(dev, o_spec, n)
                 spec_inputs = (vidx, spec_drafts, layout.num, sched.draft_probs)
             step_inputs = (None, (dev, n, T, width, o_qsl, bool(src_at), extra, logit_rows))
-        sampled, logits, prompt_hidden = self.device_step(step_inputs, n, sampling, spec_inputs)
+        sampled, logits, prompt_hidden = self.device_step(step_inputs, n, sampling, masked, spec_inputs)
 
         handle = StepHandle(reqs, samplers, None if len(samplers) == n else sample_pos,
-                            sampled if layout is None else sampled[:, 0], seq, seq_lens)
+                            sampled if layout is None else sampled[:, 0], seq, seq_lens,
+                            constrained=bool(masked))
         if layout is not None:
             handle.emitted = sampled
             sampled = sampled.reshape(-1).clamp(min=0)  # the target of each logit row
@@ -393,10 +409,14 @@ class ModelRunner:
         return [tokens[i] for i in handle.sample_pos]
 
     # -- the device step: forward + sampling (what a profile calls "device work") -----------
-    def device_step(self, step_inputs, n: int, sampling: SamplingBatch, spec=None):
+    def device_step(self, step_inputs, n: int, sampling: SamplingBatch, masked: list = (), spec=None):
         """-> (sampled ids [n], logits [n, vocab], hidden states of the extra prompt rows or None).
-        A verification step (`spec`: vidx [n, K+1], drafts [n, K], drafts per request)
-        -> (emitted ids [n, K+1], logits [n * (K+1), vocab], ...): engine/spec/rejection.py."""
+        `masked`: (logits row, GrammarMatcher) of the constrained samplers; their rows are
+        masked to what the grammar allows before sampling (engine/bitmask.py).
+        A verification step (`spec`: vidx [n, K+1], drafts [n, K], drafts per request, draft
+        probabilities) -> (emitted ids [n, K+1], logits [n * (K+1), vocab], ...):
+        engine/spec/rejection.py. Constrained requests never have drafts: their row is
+        request i's only logit row, vidx[i, 0]."""
         P, eager = step_inputs
         hidden = None
         if P is not None:
@@ -405,9 +425,13 @@ class ModelRunner:
             logits, hidden = self._eager_forward(*eager)
         if spec is not None:
             vidx, drafts, num_drafts, draft_probs = spec
+            if masked:
+                self.bitmasks.apply(logits, [(int(vidx[i, 0]), m) for i, m in masked])
             logits = logits[vidx]
             emitted = verify(logits, drafts, num_drafts, sampling, self.generator, draft_probs)
             return emitted, logits.view(-1, logits.shape[-1]), hidden
+        if masked:
+            self.bitmasks.apply(logits, masked)
         return sample(logits, sampling, self.generator), logits, hidden
 
     def _eager_forward(self, dev: torch.Tensor, n: int, T: int, width: int, o_qsl: int,

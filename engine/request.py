@@ -71,6 +71,10 @@ class Request:
     # pay for themselves for it (engine/spec/ngram.py, adaptive.py)
     spec_state: object = None
     spec_draft: object = None
+    # params.structured_outputs: the compile in flight (a Future, until admission), then the
+    # request's position in its grammar (engine.grammar.GrammarMatcher)
+    grammar_future: object = None
+    grammar: object = None
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

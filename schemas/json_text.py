@@ -119,7 +119,7 @@ def _too_deep(what: str) -> SchemaError:
 
 
 def _hint(data: bytes) -> str:
-    if data.count(b"\x00") * 4 >= len(data):
+    if data and data.count(b"\x00") * 4 >= len(data):
         return " (a NUL byte in every other byte or so: UTF-16 or UTF-32 text? send UTF-8)"
     if b"\r" in data.replace(b"\r\n", b""):
         return " (it holds a carriage return (\\r) alone; end each line with \\n or \\r\\n)"

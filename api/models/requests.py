@@ -92,6 +92,9 @@ class RequestObject(BaseModel):
     logprobs: dict[str, Any] | None = Field(default=None, description="when params.logprobs "
                                             "was set: OpenAI's choice.logprobs object (plus "
                                             "prompt_logprobs when asked)")
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, description="a request "
+                                                    "with tools: the calls its answer made "
+                                                    "(OpenAI's message.tool_calls)")
 
 
 def _epoch(value: datetime | None) -> float | None:
@@ -116,7 +119,7 @@ def request_object(row: Any) -> dict[str, Any]:
             "priority": row.priority, "text": row.output, "token_ids": row.output_token_ids,
             "finish_reason": row.finish_reason, "usage": usage, "timings": row.timings,
             "error": error, "worker": row.worker, "attempts": row.attempts or 0,
-            "logprobs": row.logprobs}
+            "logprobs": row.logprobs, "tool_calls": row.tool_calls}
 
 
 def queued_object(req: InferenceRequest) -> dict[str, Any]:
@@ -125,4 +128,4 @@ def queued_object(req: InferenceRequest) -> dict[str, Any]:
             "created_at": req.submitted_at, "started_at": None, "finished_at": None,
             "batch_id": req.batch_id, "priority": req.priority, "text": None,
             "token_ids": None, "finish_reason": None, "usage": None, "timings": None,
-            "error": None, "worker": None, "attempts": 0, "logprobs": None}
+            "error": None, "worker": None, "attempts": 0, "logprobs": None, "tool_calls": None}

@@ -28,6 +28,7 @@ from inflight.api.routes.files import owned_file
 from inflight.api.routing import ApiRoute
 from inflight.producers import batch_jobs
 from inflight.producers.celery_app import send_enqueue
+from inflight.schemas.base import ID_RE
 
 router = APIRouter(route_class=ApiRoute, prefix="/v1/batches", tags=["batches"],
                    responses=OPENAI_ERRORS)
@@ -39,7 +40,8 @@ async def owned_batch(ctx: ApiContext, caller: Caller, batch_id: str,
                       endpoints: tuple[str, ...], what: str = "batch") -> Any:
     """The caller's batch of one of these endpoints (an Anthropic batch is not an OpenAI
     one and the other way round), else 404."""
-    row = await ctx.db(ctx.store.get_batch, batch_id)
+    # NOTE: an id no batch can have is not looked up (Postgres refuses a NUL in a query)
+    row = await ctx.db(ctx.store.get_batch, batch_id) if ID_RE.match(batch_id) else None
     if row is None or not owns(caller, row.owner) or row.endpoint not in endpoints:
         raise not_found(what, batch_id)
     return row

@@ -20,6 +20,10 @@
 #   quant       benchmarks/bench_quant_gemm.py: the 1B shape's GEMMs at batch 1/16/64 vs bf16
 #               cuBLAS (CUDA-graph replay), then decode ms/step of the 1B model quantized
 #               w8 / w4-g128 (round-to-nearest on the GPU) vs bf16
+#   structured  benchmarks/structured.py --device cuda on the 135M shape (random weights:
+#               the decode cost and the compile times; validity needs the real weights):
+#               constrained vs free step ms at batch 1/32/64 (CUDA graphs, overlap off while
+#               grammars run), host µs per constrained sequence per step
 # Everything lands in $OUT (at most 8 files come back): run_all.log (all output),
 # summary.md (the tables), results.json (all figures).
 #
@@ -99,7 +103,8 @@ stage models 150 bash -c "'$PY' benchmarks/gpu/make_model.py '$M135' '$TOK' ${SH
                           '$PY' benchmarks/gpu/make_model.py '$M1B' '$TOK' ${SHAPE_1B[*]}"
 
 # -- GPU tests ---------------------------------------------------------------------------
-GPU_TESTS=(tests/engine/test_cuda.py tests/engine/test_kv_sizing.py tests/engine/test_device.py)
+GPU_TESTS=(tests/engine/test_cuda.py tests/engine/test_kv_sizing.py tests/engine/test_device.py
+           tests/engine/test_structured.py)
 if [ "$SMOKE" = 1 ]; then
     stage tests 120 "$PY" -m pytest -q -p no:cacheprovider "${GPU_TESTS[@]}"
 else
@@ -138,6 +143,16 @@ else
     stage quant-tests 90 "$PY" -m pytest -q -p no:cacheprovider -x tests/kernels/test_quant_matmul.py
     stage quant 150 "$PY" benchmarks/bench_quant_gemm.py --quick --model-1b "$M1B" \
         --work "$WORK/models" --decode-batches 1,64 --decode-tokens 32 --json "$WORK/json/quant.json"
+fi
+
+# -- structured outputs: the mask on the device, its cost per step -----------------------------------
+if [ "$SMOKE" = 1 ]; then
+    stage structured 120 "$PY" benchmarks/structured.py --model "$M135" --device "$DEVICE" \
+        --dtype "$DTYPE" --batch-sizes 1,4 --steps 3 --skip-validity --json "$WORK/json/structured.json"
+else
+    stage structured 120 "$PY" benchmarks/structured.py --model "$M135" --device "$DEVICE" \
+        --dtype "$DTYPE" --batch-sizes 1,32,64 --steps 30 --skip-validity \
+        --json "$WORK/json/structured.json"
 fi
 
 # -- summary -----------------------------------------------------------------------------------

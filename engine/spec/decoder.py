@@ -7,6 +7,7 @@ A running request speculates in a step when all of these hold:
       (above it the device is compute-bound: drafts cost more than they save);
     - its SamplingParams.speculative is True, or None and its priority is below
       `batch_priority` (batch work is compute-bound by design);
+    - it has no structured output (a grammar would have to mask every draft position);
     - it is decoding (its computed tokens have caught up but for its last token) and
       has room: k is cut so that the last token a verification could emit is at most
       the request's last (max_tokens, context), so no K/V is computed past it;
@@ -54,6 +55,8 @@ class SpecDecoder:
             if req.status is not RequestStatus.RUNNING or req.num_pending or not req.output_token_ids:
                 continue
             if req.num_tokens - req.num_computed_tokens != 1 or not self.enabled_for(req):
+                continue
+            if req.grammar is not None:  # each draft would need its own mask
                 continue
             limit = min(self.k, req.max_num_tokens - req.num_tokens - 1)
             if limit <= 0:

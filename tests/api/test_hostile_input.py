@@ -1,9 +1,12 @@
 """Input the API must answer with a 4xx that names the problem, never a 5xx (found by
 probing the real stack with the SDKs, httpx and raw bodies): a lone surrogate in a key,
-numbers and nesting the encoder cannot write again, an empty key; answered completions
-giving their stream slot back; listing files while deleting them."""
+numbers and nesting the encoder cannot write again, an empty key, a NUL that Postgres
+refuses, a file name no header can carry, a compressed body; answered completions giving
+their stream slot back; listing files while deleting them."""
 
 from __future__ import annotations
+
+import gzip
 
 import pytest
 
@@ -30,6 +33,10 @@ def test_keys_and_numbers_the_encoder_refuses_are_400s(bare):
             ("/v1/requests", b'{"prompt": "hi", "metadata": {"k": 1' + b"0" * 400 + b'}}',
              "metadata.k"),
             ("/v1/requests", b'{"prompt": "hi", "": 1}', ""),
+            # a union's member names are not fields (was `messages.0.content.str`)
+            ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}',
+             "messages.0.content"),
+            ("/v1/completions", b'{"model": "m", "prompt": [[1], [2]]}', "prompt"),
         ]:
             err = _error(http.post(path, content=body, headers=JSON), 400)
             assert err["param"] == param, (body[:60], err)
@@ -70,3 +77,35 @@ def test_deleting_files_while_listing_them_ends(bare):
     with bare.http(bare.new_key()) as http:  # a cursor that names no file says which
         err = _error(http.get("/v1/files", params={"after": sorted(made)[0]}), 404)
         assert err["param"] == "after" and "without `after`" in err["message"]
+
+
+def test_a_nul_in_an_id_or_filter_is_a_4xx_on_both_databases(stack):
+    """Postgres refuses a NUL in any text it is sent: ids and filters that no row can
+    match are answered without a lookup, batch metadata with one is refused."""
+    key = stack.new_key()
+    with stack.http(key) as http:
+        for path, params in [("/v1/files", {"after": "a\x00"}), ("/v1/files", {"purpose": "a\x00"}),
+                             ("/v1/batches", {"after": "a\x00"}),
+                             ("/v1/messages/batches", {"after_id": "a\x00"})]:
+            resp = http.get(path, params=params)
+            assert resp.status_code in (400, 404), (path, resp.text)
+        fid = http.post("/v1/files", files={"file": ("a.jsonl", b"{}\n")},
+                        data={"purpose": "batch"}).json()["id"]
+        for body, param in [({"input_file_id": "file-\x00"}, "input_file_id"),
+                            ({"input_file_id": fid, "metadata": {"k": "v\x00"}}, "metadata")]:
+            resp = http.post("/v1/batches", json={"endpoint": "/v1/chat/completions", **body})
+            assert resp.status_code in (400, 404) and resp.json()["error"]["param"] == param, \
+                resp.text
+
+
+def test_odd_file_names_download_and_compressed_bodies_are_refused(bare):
+    with bare.http(bare.new_key()) as http:
+        made = http.post("/v1/files", files={"file": ("a\x7f\u00e9.jsonl", b"{}\n")},
+                         data={"purpose": "batch"}).json()
+        got = http.get(f"/v1/files/{made['id']}/content")  # a DEL in a header dropped it
+        assert got.status_code == 200 and got.content == b"{}\n"
+        assert got.headers["content-disposition"] == (
+            "attachment; filename=\"a__.jsonl\"; filename*=UTF-8''a%7F%C3%A9.jsonl")
+        resp = http.post("/v1/requests", content=gzip.compress(b'{"prompt": "hi"}'),
+                         headers={**JSON, "content-encoding": "gzip"})
+        assert _error(resp, 415)["code"] == "unsupported_content_encoding"

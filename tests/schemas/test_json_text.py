@@ -75,3 +75,6 @@ def test_hints_for_utf16_text_and_a_lone_carriage_return():
     assert "carriage return" in err.value.message
     assert parse_json(b'{"a": 1}\r\n') == {"a": 1}  # CRLF is whitespace
     assert parse_json(b'{"a": 1' + b'0' * 400 + b'}') == {"a": float("inf")}  # as 1e400 reads
+    with pytest.raises(SchemaError) as err:  # a BOM alone is an empty document, not UTF-16
+        parse_json(b"\xef\xbb\xbf")
+    assert "UTF-16" not in err.value.message and "empty" in err.value.message
