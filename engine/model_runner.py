@@ -361,6 +361,7 @@ class ModelRunner:
             if layout is not None:
                 logit_rows, vidx, spec_drafts = layout.views(dev, o_spec, n)
                 spec_inputs = (vidx, spec_drafts, layout.num, sched.draft_probs)
+                masked = [(layout.first[i], m) for i, m in masked]
             step_inputs = (None, (dev, n, T, width, o_qsl, bool(src_at), extra, logit_rows))
         sampled, logits, prompt_hidden = self.device_step(step_inputs, n, sampling, masked, spec_inputs)
 
@@ -415,23 +416,21 @@ class ModelRunner:
         masked to what the grammar allows before sampling (engine/bitmask.py).
         A verification step (`spec`: vidx [n, K+1], drafts [n, K], drafts per request, draft
         probabilities) -> (emitted ids [n, K+1], logits [n * (K+1), vocab], ...):
-        engine/spec/rejection.py. Constrained requests never have drafts: their row is
-        request i's only logit row, vidx[i, 0]."""
+        engine/spec/rejection.py. Constrained requests never have drafts: `masked` names
+        their one logit row (SpecLayout.first)."""
         P, eager = step_inputs
         hidden = None
         if P is not None:
             logits = self.graphs.run(P)[:n]
         else:
             logits, hidden = self._eager_forward(*eager)
+        if masked:
+            self.bitmasks.apply(logits, masked)
         if spec is not None:
             vidx, drafts, num_drafts, draft_probs = spec
-            if masked:
-                self.bitmasks.apply(logits, [(int(vidx[i, 0]), m) for i, m in masked])
             logits = logits[vidx]
             emitted = verify(logits, drafts, num_drafts, sampling, self.generator, draft_probs)
             return emitted, logits.view(-1, logits.shape[-1]), hidden
-        if masked:
-            self.bitmasks.apply(logits, masked)
         return sample(logits, sampling, self.generator), logits, hidden
 
     def _eager_forward(self, dev: torch.Tensor, n: int, T: int, width: int, o_qsl: int,

@@ -97,3 +97,21 @@ def test_seeded_sampling_with_speculation_is_reproducible(tiny_model_path, draft
     assert [o.token_ids for o in a] == [o.token_ids for o in c]
     assert a[0].token_ids == b[0].token_ids
     assert all(len(o.token_ids) == 16 for o in a)
+
+
+def test_constrained_requests_do_not_speculate_beside_ones_that_do(tiny_model_path):
+    """A regex-constrained request (masked on its one logit row) shares verification steps
+    with a speculating one: its output matches the regex and is the same as without
+    speculation; the other's tokens are the plain ones."""
+    import re
+
+    regex = r"[a-z]{3,12}"
+    constrained = SamplingParams(max_tokens=12, temperature=0.0, structured_outputs={"regex": regex})
+    prompts = spec_prompts(2)
+    want = make(tiny_model_path).generate(prompts, [constrained, GREEDY])
+    eng = make(tiny_model_path, self_draft(tiny_model_path))
+    got = eng.generate(prompts, [constrained, GREEDY])
+    assert re.fullmatch(regex, got[0].text) and got[0].token_ids == want[0].token_ids
+    assert got[1].token_ids == want[1].token_ids
+    s = eng.stats()
+    assert s["spec_decode_num_drafts"] > 0 and s["grammar_masks"] > 0
