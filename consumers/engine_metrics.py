@@ -181,7 +181,9 @@ class EngineMetrics:
             self._totals[key] = value
         per_pos = stats.get("spec_decode_accepted_per_pos") or []
         seen = self._per_pos_totals
-        seen.extend([0] * (len(per_pos) - len(seen)))
+        for pos in range(len(seen), len(per_pos)):  # every position exported, from 0
+            self._per_pos.labels(self._model_name, str(pos))
+            seen.append(0)
         for pos, value in enumerate(per_pos):
             if value > seen[pos]:
                 self._per_pos.labels(self._model_name, str(pos)).inc(value - seen[pos])
