@@ -125,7 +125,7 @@ def _filled(path, args, batch: int, so):
     for i in range(batch):
         eng.add_request(str(i), messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
                         params=params)
-    while eng.scheduler.waiting or eng._compiling or \
+    while eng.scheduler.waiting or eng.grammars.waiting or \
             any(r.num_output_tokens < 2 for r in eng.requests.values()):
         eng.step()
     return eng

@@ -28,7 +28,6 @@ largest batch (engine/startup.py) and the figures are logged.
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import itertools
 import logging
@@ -54,12 +53,10 @@ from inflight.engine.startup import build_device_side
 from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
 from inflight.engine.errors import InflightError
-from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_PROMPT_TOO_LONG
+from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
+from inflight.engine.grammar_queue import GrammarQueue
 
 log = logging.getLogger(__name__)
-
-
-COMPILE_NAP_S = 0.005  # an engine with only compiles in flight looks again this often
 
 
 class DuplicateRequestError(InflightError, ValueError):
@@ -98,8 +95,8 @@ class Engine:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
         self.spec = build_spec_decoder(config, self)  # None without a speculative_config
-        self.grammars = None  # engine.grammar.GrammarCompiler, on the first constrained request
-        self._compiling: list[Request] = []  # waiting for their grammar, not yet queued
+        # constrained requests whose grammar is compiling (not queued yet)
+        self.grammars = GrammarQueue(self.tokenizer, self.model.config.vocab_size, self.runner)
 
     def bind_thread(self) -> None:
         """Make this engine's device current on the calling thread for good (the thread
@@ -145,56 +142,18 @@ class Engine:
             req.generator.manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
         self.requests[request_id] = req
-        so = params.structured_outputs
-        if so is not None:
-            # NOTE: compiled in the grammar pool; queued once compiled (_admit_compiled)
-            req.grammar_future = self._grammar_compiler().submit(so.kind, so.key)
-            self._compiling.append(req)
+        if params.structured_outputs is not None:
+            self.grammars.submit(req)  # queued once compiled (_admit_compiled)
         else:
             self.scheduler.add(req)
 
-    def _grammar_compiler(self):
-        # NOTE: the grammar engine is imported with the first constrained request only
-        from inflight.engine.grammar import GrammarCompiler
-
-        if self.grammars is None:
-            self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size,
-                                            self.tokenizer.eos_token_ids)
-            self.runner.enable_structured_outputs(self.grammars)
-        return self.grammars
-
     def _admit_compiled(self, outputs: list[RequestOutput]) -> None:
-        """Queue the requests whose grammar is compiled; end those whose grammar failed.
-        Never waits: a compile still running stays in the list."""
-        from inflight.engine.grammar import GrammarError, GrammarMatcher
-
-        still = []
-        for req in self._compiling:
-            fut = req.grammar_future
-            if not fut.done():
-                still.append(req)
-                continue
-            req.grammar_future = None
-            try:
-                req.grammar = GrammarMatcher(fut.result())
-            except GrammarError as exc:
-                outputs.append(self._finish(req, "error", f"structured_outputs.{req.params.structured_outputs.kind} "
-                                            f"does not compile for this model's tokenizer: {exc}",
-                                            ERR_INVALID_SCHEMA))
-                continue
-            except Exception as exc:  # noqa: BLE001 - one compile must not stop the engine
-                log.exception("grammar compile failed")
-                outputs.append(self._finish(req, "error", f"the grammar compile failed: {exc!r}",
-                                            ERR_ENGINE))
-                continue
+        """Queue the requests whose grammar is compiled; end those whose grammar failed."""
+        ready, failed = self.grammars.take_ready()
+        for req in ready:
             self.scheduler.add(req)
-        self._compiling = still
-
-    def _nap_on_compiles(self) -> None:
-        """Nothing to run but compiles in flight: wait a moment for one (never while any
-        request could step), rather than spin the caller's loop."""
-        concurrent.futures.wait([r.grammar_future for r in self._compiling], timeout=COMPILE_NAP_S,
-                                return_when=concurrent.futures.FIRST_COMPLETED)
+        for req, message, code in failed:
+            outputs.append(self._finish(req, "error", message, code))
 
     def _validate(self, req: Request) -> tuple[str, str] | None:
         """(error code, message) when the request cannot run here, else None."""
@@ -241,11 +200,11 @@ class Engine:
 
     def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
-        if self._compiling:
+        if self.grammars.waiting:
             self._admit_compiled(outputs)
-            if self._compiling and not outputs and not self.scheduler.has_unfinished() \
+            if self.grammars.waiting and not outputs and not self.scheduler.has_unfinished() \
                     and self._inflight is None:
-                self._nap_on_compiles()
+                self.grammars.nap()
                 self._admit_compiled(outputs)
         if self.overlap:
             if self.spec is None or not self.spec.may_speculate(self.scheduler.running):
@@ -272,7 +231,7 @@ class Engine:
         samplers = handle.samplers
         self._advance(sched, len(samplers))
         if handle.emitted is not None:
-            self._roll_back(sched, handle, tokens)
+            self.spec.roll_back(sched, handle, tokens, self.kv, self.runner.batch)
         self._cache_completed(handle)
         now = time.time()
         lps = self._take_logprobs(handle.logprobs)
@@ -373,28 +332,6 @@ class Engine:
                 if not req.is_finished:
                     self.kv.cache_full_blocks(req, done)
 
-    def _roll_back(self, sched: SchedulerOutput, handle: StepHandle, tokens: list[list[int]]) -> None:
-        """After a verification step: each request's computed count stops after its last
-        accepted draft, so the K/V of rejected drafts is never read (the next step writes
-        over those slots), and blocks holding only rejected tokens go back to the pool.
-
-        NOTE: blocks enter the prefix cache by `handle.seq_lens`, which for a request that
-        verified drafts is set to its tokens known before the step: the accepted drafts'
-        blocks are registered by the next step, once they are in `all_token_ids`, so the
-        cache never hashes a block holding an unverified token."""
-        spec = sched.spec_token_ids
-        emitted = dict(zip(handle.samplers, tokens))
-        for i, req in enumerate(handle.requests):
-            drafts = spec.get(req)
-            if drafts is None:
-                continue
-            num_out = len(emitted[req])
-            self.spec.record(req, len(drafts), num_out)
-            req.num_computed_tokens -= len(drafts) + 1 - num_out
-            handle.seq_lens[i] = req.num_tokens
-            self.kv.trim(req)
-            self.runner.batch.truncate(req)
-
     def _fail(self, reqs: list[Request], exc: Exception, outputs: list[RequestOutput]) -> None:
         for req in reqs:
             outputs.append(self._finish(req, "error", f"forward pass failed: {exc!r}", ERR_ENGINE))
@@ -477,9 +414,7 @@ class Engine:
                 error_code: str | None = None) -> RequestOutput:
         if self.spec is not None and reason in ("stop", "length"):
             self.spec.finished(req)
-        if req.grammar_future is not None:  # still compiling
-            self._compiling.remove(req)
-            req.grammar_future = None
+        self.grammars.discard(req)  # if still compiling
         self.scheduler.remove(req)
         self.runner.remove(req)
         self.requests.pop(req.request_id, None)
@@ -534,13 +469,7 @@ class Engine:
 
     def stats(self) -> dict:
         out = self.counters.snapshot(self.kv, self.scheduler)
-        g, masks = self.grammars, self.runner.bitmasks
-        out.update(grammar_compiling=len(self._compiling),
-                   grammar_compiles=g.compiles if g else 0,
-                   grammar_cache_hits=g.cache_hits if g else 0,
-                   grammar_compile_s=g.compile_s if g else 0.0,
-                   grammar_masks=masks.rows if masks else 0,
-                   grammar_mask_host_s=masks.host_s if masks else 0.0)
+        out.update(self.grammars.stats())
         if self.spec is not None:
             out.update(self.spec.stats.snapshot())
         return out

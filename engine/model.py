@@ -51,8 +51,7 @@ class LlamaModel:
         self.ops = ops
         self.dtype = dtype
         self.device = torch.device(device)
-        self.max_model_len = min(max_model_len or cfg.max_position_embeddings,
-                                 cfg.max_position_embeddings)
+        self.max_model_len = min(max_model_len or cfg.max_context, cfg.max_context)
         self.scale = cfg.scale
         w = load_weights(cfg, load_tensors(folder), dtype, self.device, ops.name, folder)
         self.embed, self.norm, self.lm_head, self.layers = w.embed, w.norm, w.lm_head, w.layers

@@ -84,6 +84,29 @@ class SpecDecoder:
         K = max(len(d) for d in sched.spec_token_ids.values())
         return get(sched.requests, sched.spec_token_ids, K)
 
+    def roll_back(self, sched, handle, tokens: list[list[int]], kv, batch) -> None:
+        """After a verification step (`tokens`: what each sampler emitted): each request's
+        computed count stops after its last accepted draft, so the K/V of rejected drafts
+        is never read (the next step writes over those slots), and blocks holding only
+        rejected tokens go back to the pool (`kv.trim`; the input batch forgets them).
+
+        NOTE: blocks enter the prefix cache by `handle.seq_lens`, which for a request that
+        verified drafts is set to its tokens known before the step: the accepted drafts'
+        blocks are registered by the next step, once they are in `all_token_ids`, so the
+        cache never hashes a block holding an unverified token."""
+        spec = sched.spec_token_ids
+        emitted = dict(zip(handle.samplers, tokens))
+        for i, req in enumerate(handle.requests):
+            drafts = spec.get(req)
+            if drafts is None:
+                continue
+            num_out = len(emitted[req])
+            self.record(req, len(drafts), num_out)
+            req.num_computed_tokens -= len(drafts) + 1 - num_out
+            handle.seq_lens[i] = req.num_tokens
+            kv.trim(req)
+            batch.truncate(req)
+
     def record(self, req: Request, num_drafts: int, num_emitted: int) -> None:
         """One request's verification: `num_drafts` checked, `num_emitted` tokens out."""
         self.stats.record(num_drafts, num_emitted - 1)
