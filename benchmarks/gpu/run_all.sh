@@ -20,6 +20,9 @@
 #   quant       benchmarks/bench_quant_gemm.py: the 1B shape's GEMMs at batch 1/16/64 vs bf16
 #               cuBLAS (CUDA-graph replay), then decode ms/step of the 1B model quantized
 #               w8 / w4-g128 (round-to-nearest on the GPU) vs bf16
+#   tp          benchmarks/tensor_parallel.py at TP=1 (one GPU): the plain engine vs the
+#               tensor-parallel code path over one rank, 1B shape, CUDA graphs on and off:
+#               the plumbing's cost per decode step (must be about 0), tokens identical
 # Everything lands in $OUT (at most 8 files come back): run_all.log (all output),
 # summary.md (the tables), results.json (all figures).
 #
@@ -138,6 +141,17 @@ else
     stage quant-tests 90 "$PY" -m pytest -q -p no:cacheprovider -x tests/kernels/test_quant_matmul.py
     stage quant 150 "$PY" benchmarks/bench_quant_gemm.py --quick --model-1b "$M1B" \
         --work "$WORK/models" --decode-batches 1,64 --decode-tokens 32 --json "$WORK/json/quant.json"
+fi
+
+# -- tensor-parallel plumbing at TP=1 ----------------------------------------------------------
+if [ "$SMOKE" = 1 ]; then
+    stage tp 120 "$PY" benchmarks/tensor_parallel.py --model "$M135" --device cpu --dtype float32 \
+        --sizes 1,2 --num-requests 4 --prompt-len 16 --max-tokens 4 --rounds 1 \
+        --json "$WORK/json/tensor-parallel.json"
+else
+    stage tp 100 "$PY" benchmarks/tensor_parallel.py --model "$M1B" --device cuda --dtype bfloat16 \
+        --sizes 1 --cuda-graphs both --num-requests 32 --prompt-len 128 --max-tokens 64 --rounds 3 \
+        --kv-cache-mib 4096 --json "$WORK/json/tensor-parallel.json"
 fi
 
 # -- summary -----------------------------------------------------------------------------------

@@ -30,6 +30,10 @@ def load_model(config, folder: pathlib.Path, ops, device: torch.device,
 
     if not config.tensor_parallel and group is None:
         return LlamaModel(folder, ops, config.torch_dtype, device, config.max_model_len), None
+    from inflight.engine.model_config import ModelConfig
+    from inflight.engine.parallel.shard import ShardPlan
+
+    ShardPlan.of(ModelConfig.from_folder(folder), 0, config.tensor_parallel_size)  # before any rank starts
     owned = group is None
     if owned:
         group = TensorParallelGroup(config.tensor_parallel_size, device)
