@@ -1,6 +1,7 @@
 """`inflight worker --tensor-parallel-size 2` end to end: requests topic -> a worker whose
 model is sharded over two processes -> results -> recorder -> SQLite, rows equal to a
-one-process engine's; then kill -9 of the worker (the leader) leaves no rank behind."""
+one-process engine's; then kill -9 of the worker (the leader) in the middle of a long
+request leaves no rank behind."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,7 +55,13 @@ def test_tp2_worker_serves_end_to_end_and_takes_its_rank_down_with_it(broker, ti
         ranks = children(worker.pid)
         assert len(ranks) == 1 and alive(ranks[0]), ranks
         assert b"worker_proc" in Path(f"/proc/{ranks[0]}/cmdline").read_bytes()
-        worker.send_signal(signal.SIGKILL)  # idle now: the rank waits on its pipe
+        long = [client.submit(f"one two three {w}", SamplingParams(max_tokens=500, ignore_eos=True))
+                for w in ("red", "green", "blue", "pink")]
+        deadline = time.monotonic() + 30
+        while {r.status for r in store.get_requests(long).values()} != {"running"}:  # their status events
+            assert time.monotonic() < deadline and worker.poll() is None, store.get_requests(long)
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGKILL)
         worker.wait(10)
         assert wait_gone(ranks) == [], "the worker's tensor-parallel rank outlived it"
     finally:

@@ -5,6 +5,8 @@ models whose head counts shard over 2 and 3 ranks.
     qwen2   6 heads, 1 KV head, q/k/v bias (KV heads < ranks: the head is replicated)
     qwen3   12 heads, 6 KV heads, head_dim 16, q/k norms per head
     quant   llama, 6 heads of 32, MLP 192  (w4 groups of 32 stay whole on 2 and 3 ranks)
+    gemma3, phi3   tests/tiny_families.py's (4 heads, 2 KV heads): Gemma's norms, GELU and
+                   embedding scale; Phi-3's fused qkv_proj / gate_up_proj
 
 The vocabulary (320) does not divide by 3: the last rank's LM-head shard is padded.
 """
@@ -29,6 +31,8 @@ def tp_models(tmp_path_factory):
                                    num_key_value_heads=1, intermediate_size=96),
         "qwen3": write_tiny_family(root / "qwen3", "qwen3", num_attention_heads=12,
                                    num_key_value_heads=6, head_dim=16, intermediate_size=96),
+        "gemma3": write_tiny_family(root / "gemma3", "gemma3"),
+        "phi3": write_tiny_family(root / "phi3", "phi3"),
         "quant": write_tiny_llama(root / "quant", hidden_size=192, num_heads=6, num_kv_heads=6,
                                   intermediate_size=192),
     }

@@ -1,5 +1,6 @@
 """TP=2 and TP=3 produce TP=1's greedy tokens: batched, with prefix caching and logprobs,
-chunked and preempted and overlapped, quantized (w8, w4), on Llama, Qwen2 and Qwen3 shapes.
+chunked and preempted and overlapped, quantized (w8, w4), on Llama, Qwen2 and Qwen3 shapes;
+Gemma 3 and Phi-3 (fused projections) on two ranks.
 
 NOTE: exact tokens, not exact logits. The row-parallel all-reduces add the ranks' partial
 sums in another order than one matmul does (fp32: ~1e-7 apart); the tiny models' logits
@@ -72,6 +73,14 @@ def test_tokens_match_tp1(tp_models, tp_groups, family, world, scenario):
             [e.logprob for e in ref.prompt_logprobs[1:]], abs=1e-4)
     else:
         assert stats["preemptions"] > 0 and want_stats["preemptions"] > 0
+
+
+@pytest.mark.parametrize("family", ["gemma3", "phi3"])
+def test_other_families_match_tp1_on_two_ranks(tp_models, tp_groups, family):
+    path = tp_models[family]
+    want, _ = reference(path, "batched-prefix-logprobs")
+    got, _ = run(path, 2, tp_groups(2), **SCENARIOS["batched-prefix-logprobs"])
+    same(got, want)
 
 
 @pytest.fixture(scope="module")

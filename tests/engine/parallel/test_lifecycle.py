@@ -1,54 +1,15 @@
-"""No rank outlives its leader, and a rank that dies stops the leader's engine (it cannot
-hang or answer garbage): kill -9 of either side, on the real processes."""
+"""A rank that dies stops the leader's engine (it cannot hang or answer garbage); the TP
+code path at size 1; sizes refused before any rank starts. (kill -9 of the leader, mid-run:
+tests/consumers/test_tensor_parallel_service.py, on a real worker.)"""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import textwrap
-import time
-from pathlib import Path
 
 import pytest
 
 from inflight.engine import Engine, EngineConfig, SamplingParams
 from inflight.engine.errors import EngineDeadError
-from tests.procs import alive, wait_gone
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-LEADER = textwrap.dedent("""
-    import sys
-    from inflight.engine import Engine, EngineConfig, SamplingParams
-    eng = Engine(EngineConfig(model=sys.argv[1], num_kv_blocks=64, tensor_parallel_size=3))
-    print(*[p.pid for p in eng.parallel.followers], flush=True)
-    params = SamplingParams(max_tokens=400, ignore_eos=True)
-    for i in range(1000000):  # busy until killed
-        eng.add_request(str(i), prompt_token_ids=[5, 6, 7, 8], params=params)
-        while eng.has_unfinished():
-            eng.step()
-""")
-
-
-def test_kill_9_of_the_leader_mid_run_leaves_no_rank_behind(tp_models):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    leader = subprocess.Popen([sys.executable, "-c", LEADER, str(tp_models["qwen2"])], env=env,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        followers = [int(p) for p in leader.stdout.readline().split()]
-        assert len(followers) == 2 and all(alive(p) for p in followers)
-        time.sleep(1.0)  # mid-run: the ranks are stepping
-        assert leader.poll() is None
-        leader.send_signal(signal.SIGKILL)
-        leader.wait(10)
-        assert wait_gone(followers) == [], "a tensor-parallel rank outlived its killed leader"
-    finally:
-        if leader.poll() is None:
-            leader.kill()
-            leader.wait()
 
 
 def test_a_dead_rank_stops_the_engine(tp_models):
