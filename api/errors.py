@@ -19,6 +19,7 @@ with an error id that is also in the server log with the traceback).
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -85,8 +86,14 @@ def error_response(request: Request, status: int, message: str, *, param: str | 
                          headers)
 
 
+# the names pydantic gives a union's members in an error's path (`content.str`,
+# `prompt.constrained-str`, `stop.list[constrained-str]`): not fields a client wrote
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|list|dict|constrained-[\w-]+|[\w-]+\[.*\])$")
+
+
 def _loc(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")
+             and not (isinstance(p, str) and _UNION_MEMBER.match(p))]
     return ".".join(parts) if parts else None  # (a key may be "")
 
 

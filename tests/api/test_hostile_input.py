@@ -33,6 +33,10 @@ def test_keys_and_numbers_the_encoder_refuses_are_400s(bare):
             ("/v1/requests", b'{"prompt": "hi", "metadata": {"k": 1' + b"0" * 400 + b'}}',
              "metadata.k"),
             ("/v1/requests", b'{"prompt": "hi", "": 1}', ""),
+            # a union's member names are not fields (was `messages.0.content.str`)
+            ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}',
+             "messages.0.content"),
+            ("/v1/completions", b'{"model": "m", "prompt": [[1], [2]]}', "prompt"),
         ]:
             err = _error(http.post(path, content=body, headers=JSON), 400)
             assert err["param"] == param, (body[:60], err)

@@ -195,3 +195,17 @@ def test_a_message_batch_ended_before_it_ran_reports_each_request(store, end):
     assert obj["request_counts"][kind] == 2
     out = [orjson.loads(x) for _, x in store.iter_file_lines(b.output_file_id)]
     assert [(o["custom_id"], o["result"]["type"]) for o in out] == [("m0", kind), ("m1", kind)]
+
+
+def test_a_batch_whose_input_file_went_fails_instead_of_waiting(store):
+    """A file deleted between the batch's create and its validation (the API's 409 for a
+    file an open batch reads cannot see a batch not created yet): the enqueue task used
+    to answer "not found" and leave it `validating`, sent again by every sweep."""
+    app = worker_app(Settings(database_url=store.url), model_name="tiny")
+    b = _owned_batch(store, "alice", lines(2))
+    store.delete_file(b.input_file_id)
+    assert app.tasks[ENQUEUE_TASK].apply(args=[b.id]).get() == "failed"
+    b = store.get_batch(b.id)
+    assert b.status == "failed" and "not found" in b.errors[0]["message"], b.errors
+    assert app.tasks[ENQUEUE_TASK].apply(args=["batch_gone"]).get() == "not found"
+    app.inflight_resources.close()
