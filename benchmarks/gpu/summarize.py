@@ -108,11 +108,12 @@ def tp_section(t: dict) -> list[str]:
           "Target: mp@1 - uni about 0 ms per decode step; tokens identical.", ""]
     rows = []
     for r in t.get("results", []):
-        extra = r.get("plumbing_decode_ms")
+        extra, cpu = r.get("plumbing_decode_ms"), r.get("plumbing_decode_cpu_ms")
         rows.append([r["model"], r["config"], r["tokens_identical"], f"{r['decode_ms']:.3f}",
-                     f"{r['prefill_ms']:.2f}", "-" if extra is None else f"{extra:+.3f}"])
-    return md + table(["model", "config", "tokens = uni", "decode ms/step", "prefill ms/step",
-                       "plumbing ms/step"], rows)
+                     f"{r['decode_cpu_ms']:.3f}", f"{r['prefill_ms']:.2f}",
+                     "-" if extra is None else f"{extra:+.3f}", "-" if cpu is None else f"{cpu:+.3f}"])
+    return md + table(["model", "config", "tokens = uni", "decode ms/step", "host CPU ms/step",
+                       "prefill ms/step", "plumbing ms/step", "plumbing CPU ms/step"], rows)
 
 
 # quantized GEMMs, at batch 1 over the 1B shape's layer: (W8A16, W4A16) speedup over bf16 cuBLAS
