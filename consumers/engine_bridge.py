@@ -9,7 +9,23 @@ from pathlib import Path
 from typing import Any
 
 from inflight.consumers.gpu_claim import AUTO, claim_gpu
-from inflight.schemas import Settings
+from inflight.schemas import InferenceRequest, Settings
+from inflight.schemas.tools import render_tool_messages
+
+
+def chat_inputs(req: InferenceRequest, template_takes_tools: bool) -> tuple[list | None, dict]:
+    """(messages, extra add_request keywords) of a request: its chat turns as dicts, with
+    tools and tool turns rendered the way the model's template reads them
+    (schemas.tools.render_tool_messages); `tools` go to a template that takes them."""
+    if req.messages is None:
+        return None, {}
+    messages = [m.model_dump(mode="json", exclude_none=True) for m in req.messages]
+    uses_tools = req.tools is not None and req.tool_choice != "none"
+    if not (uses_tools or any(m.role == "tool" or m.tool_calls for m in req.messages)):
+        return messages, {}
+    tools = [t.model_dump(mode="json", exclude_none=True) for t in req.tools] if uses_tools else None
+    messages = render_tool_messages(messages, tools, template_takes_tools)
+    return messages, ({"tools": tools} if template_takes_tools and tools else {})
 
 
 LOGPROB_FLOOR = -9999.0  # OpenAI's stand-in for -inf (JSON has no infinities)

@@ -25,7 +25,8 @@ class EngineConfig:
       of the device's memory (engine/kv_sizing.py; the figures are logged); elsewhere 1 GiB.
     - `max_num_seqs`: most requests running at once; `max_num_batched_tokens`: tokens per
       forward pass (the step budget; longer prompts are prefilled in chunks).
-    - `max_model_len`: context cap (default: the checkpoint's max_position_embeddings).
+    - `max_model_len`: context cap (default: the checkpoint's context, max_position_embeddings;
+      YaRN configs: original length x factor when longer).
     - `max_preemptions`: a request preempted more often than this fails with an error.
     - `kernels`: "torch" | "triton" | None (see kernels.ops.resolve_backend).
     - `debug_checks`: verify block-pool invariants after every step and poison freed

@@ -54,6 +54,7 @@ from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
 from inflight.engine.errors import EngineDeadError, InflightError
 from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
+from inflight.engine.grammar_queue import GrammarQueue
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,8 @@ class Engine:
         self._gen_ids = itertools.count()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
+        # constrained requests whose grammar is compiling (not queued yet)
+        self.grammars = GrammarQueue(self.tokenizer, self.model.config.vocab_size, self.runner)
 
     def close(self) -> None:
         """Stop the engine's tensor-parallel ranks (or release a group it was given); a
@@ -116,10 +119,11 @@ class Engine:
                     prompt_token_ids: Sequence[int] | None = None,
                     params: SamplingParams | None = None, priority: int = 0, *,
                     messages: Sequence[dict] | None = None, arrival_time: float | None = None,
-                    extra_keys: tuple = ()) -> None:
+                    extra_keys: tuple = (), tools: Sequence[dict] | None = None) -> None:
         """Queue a request (text `prompt`, `prompt_token_ids`, or chat `messages`). Lower
         `priority` values are served first. Problems with the request itself surface as a
-        final output with finish_reason "error" at the next step."""
+        final output with finish_reason "error" at the next step. `tools`: OpenAI function
+        definitions for a chat template that renders them (`tokenizer.takes_tools`)."""
         if request_id in self.requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already active in this "
                                         "engine; wait for its final output or abort it first")
@@ -129,7 +133,7 @@ class Engine:
             if prompt_token_ids is None:
                 if messages is not None:
                     # the template already holds any BOS it wants (as in HF's apply_chat_template)
-                    text = self.tokenizer.apply_chat_template(messages)
+                    text = self.tokenizer.apply_chat_template(messages, tools=tools)
                     prompt_token_ids = self.tokenizer.encode(text, add_special_tokens=False)
                 else:
                     prompt_token_ids = self.tokenizer.encode(prompt) if prompt else []
@@ -149,7 +153,18 @@ class Engine:
             req.generator.manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
         self.requests[request_id] = req
-        self.scheduler.add(req)
+        if params.structured_outputs is not None:
+            self.grammars.submit(req)  # queued once compiled (_admit_compiled)
+        else:
+            self.scheduler.add(req)
+
+    def _admit_compiled(self, outputs: list[RequestOutput]) -> None:
+        """Queue the requests whose grammar is compiled; end those whose grammar failed."""
+        ready, failed = self.grammars.take_ready()
+        for req in ready:
+            self.scheduler.add(req)
+        for req, message, code in failed:
+            outputs.append(self._finish(req, "error", message, code))
 
     def _validate(self, req: Request) -> tuple[str, str] | None:
         """(error code, message) when the request cannot run here, else None."""
@@ -196,6 +211,12 @@ class Engine:
 
     def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        if self.grammars.waiting:
+            self._admit_compiled(outputs)
+            if self.grammars.waiting and not outputs and not self.scheduler.has_unfinished() \
+                    and self._inflight is None:
+                self.grammars.nap()
+                self._admit_compiled(outputs)
         if self.overlap:
             return self._step_overlapped(outputs)
         if not self.scheduler.has_unfinished():
@@ -229,6 +250,11 @@ class Engine:
         finish was computed once more in N+1: that token is dropped (it is finished)."""
         launched, failed = None, None
         sched = None
+        if self._inflight is not None and self._inflight.constrained:
+            # NOTE: a constrained request's next mask needs the token the step in flight
+            # samples: process that step first (no overlap while grammars run)
+            prev, self._inflight = self._inflight, None
+            self._process(prev, outputs)
         if self.scheduler.has_unfinished():
             sched = self._schedule(outputs)
             if not sched.is_empty:
@@ -327,6 +353,10 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = now
         params = req.params
+        grammar = req.grammar
+        if grammar is not None and not grammar.accept(token):
+            return self._finish(req, "error", f"the grammar refused sampled token {token} "
+                                f"({grammar.error}): the mask was not applied", ERR_ENGINE)
         reason = None
         if token in self.eos_token_ids and not params.ignore_eos:
             reason = "stop"
@@ -334,6 +364,8 @@ class Engine:
             reason = "stop"
         elif req.detok.add_token(token):
             reason = "stop"
+        elif grammar is not None and grammar.terminated:
+            reason = "stop"  # the grammar is complete: only EOS could follow
         elif len(req.all_token_ids) >= req.max_num_tokens:
             reason = "length"
         if reason is not None:
@@ -349,6 +381,7 @@ class Engine:
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 error_code: str | None = None) -> RequestOutput:
+        self.grammars.discard(req)  # if still compiling
         self.scheduler.remove(req)
         self.runner.remove(req)
         self.requests.pop(req.request_id, None)
@@ -402,4 +435,6 @@ class Engine:
                             [None] + [e.logprob for e in o.prompt_logprobs[1:]]) for o in outs]
 
     def stats(self) -> dict:
-        return self.counters.snapshot(self.kv, self.scheduler)
+        out = self.counters.snapshot(self.kv, self.scheduler)
+        out.update(self.grammars.stats())
+        return out

@@ -41,3 +41,4 @@ ERR_INTERNAL = "internal_error"
 ERR_CANCELLED = "cancelled"
 ERR_EXPIRED = "expired"
 ERR_STORE_REJECTED = "store_rejected"     # the database refused the request's row (recorder)
+ERR_INVALID_SCHEMA = "invalid_schema"     # structured_outputs: a schema / regex / grammar that does not compile

@@ -5,7 +5,9 @@ ones before it), and `Engine.score`'s result.
 NOTE: these are the model's own log-probabilities, log_softmax of the raw logits, before
 temperature, top-k and top-p (vLLM's default "raw" logprobs): a sampled token's logprob
 says how likely the model found it, whatever the sampling settings, and perplexity needs
-exactly these.
+exactly these. For a constrained request (structured_outputs) they are of the masked
+distribution: log_softmax over the tokens its grammar allows at that position (the others
+are -inf, and never listed among the alternatives).
 """
 
 from __future__ import annotations
@@ -80,11 +82,14 @@ class LogprobRows:
         tlp = self.top_logprobs.tolist() if self.top_logprobs is not None else None
         out = []
         for i, (tok, n) in enumerate(zip(targets, ns)):
-            top = tuple(zip(ids[i][:n], tlp[i][:n])) if n and ids is not None else ()
+            # a constrained row's forbidden tokens are -inf: never among the alternatives
+            top = tuple((t, v) for t, v in zip(ids[i][:n], tlp[i][:n]) if v != NEG_INF) \
+                if n and ids is not None else ()
             out.append(TokenLogprob(tok, lps[i], ranks[i], top))
         return out
 
 
+NEG_INF = float("-inf")
 PROMPT_CHUNK = 256  # prompt rows per LM-head piece: bounds the [rows, vocab] logits
 
 

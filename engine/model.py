@@ -52,8 +52,7 @@ class LlamaModel:
         self.ops = ops
         self.dtype = dtype
         self.device = torch.device(device)
-        self.max_model_len = min(max_model_len or cfg.max_position_embeddings,
-                                 cfg.max_position_embeddings)
+        self.max_model_len = min(max_model_len or cfg.max_context, cfg.max_context)
         self.scale = cfg.scale
         w = load_weights(cfg, tensors, dtype, self.device, ops.name, folder)
         del tensors

@@ -72,6 +72,7 @@ class StepHandle:
     host_out: torch.Tensor | None = None  # pinned [n] (CUDA)
     event: torch.cuda.Event | None = None
     logprobs: StepLogprobs | None = None  # when a request asked for logprobs (resolved by result)
+    constrained: bool = False     # some sampler's tokens were masked by its grammar
 
 
 class StepOrderError(RuntimeError):
@@ -121,6 +122,7 @@ class ModelRunner:
         self._prev_index: dict = {}
         self.num_device_fed = 0  # input tokens taken from the last step's samples (overlap)
         self._greedy = SamplingBatch(torch.empty(0), None, None, [], True)
+        self.bitmasks = None  # engine.bitmask.BitmaskStage, set by enable_structured_outputs
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs:
             self.graphs = DecodeGraphs(max_num_seqs, self.device, self._decode_body, self.vocab_size)
@@ -142,6 +144,16 @@ class ModelRunner:
         if self.graphs is None or self.kv_caches is None:
             raise RuntimeError("capture_graphs needs cuda_graphs=True and the KV cache allocated")
         self.graphs.capture(self.batch.pad_row)
+
+    def enable_structured_outputs(self, compiler) -> None:
+        """Buffers for the constrained sequences' token bitmasks (the first constrained
+        request's admission; a runner without them never pays for them, nor imports the
+        grammar engine)."""
+        from inflight.engine.bitmask import BitmaskStage
+
+        if self.bitmasks is None:
+            self.bitmasks = BitmaskStage(compiler, self.max_num_seqs, self.device,
+                                         separate=self.staging.separate, stream=self.stream)
 
     # -- the batch's rows ----------------------------------------------------------------
     def remove(self, req: Request) -> None:
@@ -185,6 +197,7 @@ class ModelRunner:
         src_idx: list[int] = []
         samplers: list[Request] = []
         sample_pos: list[int] = []
+        masked: list = []              # (logits row, GrammarMatcher) of constrained samplers
         lp_reqs: list[Request] = []    # samplers that asked for logprobs, and their rows
         lp_pos: list[int] = []
         prompt_rows: list[tuple[Request, int, int]] = []  # (req, start, stop): prompt logprobs
@@ -224,6 +237,8 @@ class ModelRunner:
             if end == known + req.num_pending:
                 samplers.append(req)
                 sample_pos.append(i)
+                if req.grammar is not None:
+                    masked.append((i, req.grammar))
                 if req.logprobs is not None:
                     lp_reqs.append(req)
                     lp_pos.append(i)
@@ -313,10 +328,10 @@ class ModelRunner:
         else:
             extra = dev[o_lp + len(lp_pos):o_lp + len(lp_pos) + R].long() if R else None
             step_inputs = (None, (dev, n, T, width, o_qsl, bool(src_at), extra))
-        sampled, logits, prompt_hidden = self.device_step(step_inputs, n, sampling)
+        sampled, logits, prompt_hidden = self.device_step(step_inputs, n, sampling, masked)
 
         handle = StepHandle(reqs, samplers, None if len(samplers) == n else sample_pos, sampled,
-                            seq, seq_lens)
+                            seq, seq_lens, constrained=bool(masked))
         if lp_pos or prompt_rows:
             at = o_lp + len(lp_pos)
             handle.logprobs = StepLogprobs.compute(
@@ -353,14 +368,18 @@ class ModelRunner:
         return [tokens[i] for i in handle.sample_pos]
 
     # -- the device step: forward + sampling (what a profile calls "device work") -----------
-    def device_step(self, step_inputs, n: int, sampling: SamplingBatch):
-        """-> (sampled ids [n], logits [n, vocab], hidden states of the extra prompt rows or None)."""
+    def device_step(self, step_inputs, n: int, sampling: SamplingBatch, masked: list = ()):
+        """-> (sampled ids [n], logits [n, vocab], hidden states of the extra prompt rows or None).
+        `masked`: (logits row, GrammarMatcher) of the constrained samplers; their rows are
+        masked to what the grammar allows before sampling (engine/bitmask.py)."""
         P, eager = step_inputs
         hidden = None
         if P is not None:
             logits = self.graphs.run(P)[:n]
         else:
             logits, hidden = self._eager_forward(*eager)
+        if masked:
+            self.bitmasks.apply(logits, masked)
         return sample(logits, sampling, self.generator), logits, hidden
 
     def _eager_forward(self, dev: torch.Tensor, n: int, T: int, width: int, o_qsl: int,

@@ -67,6 +67,10 @@ class Request:
     # starts with None (the first token has no context) and grows chunk by chunk
     logprobs: list | None = None
     prompt_logprobs: list | None = None
+    # params.structured_outputs: the compile in flight (a Future, until admission), then the
+    # request's position in its grammar (engine.grammar.GrammarMatcher)
+    grammar_future: object = None
+    grammar: object = None
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

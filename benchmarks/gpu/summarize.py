@@ -97,7 +97,25 @@ def summarize(data: dict) -> list[str]:
     md += table(["shape", "eager ms", "graph ms", "% HBM (graph)", "torch graph ms",
                  "speedup", "target"], rows)
     md += quant_section(data.get("quant", {}))
+    md += families_section(data)
     md += tp_section(data.get("tensor-parallel", {}))
+    return md
+
+
+def families_section(data: dict) -> list[str]:
+    md = ["## Model families (tests/engine/test_families.py; real shapes through throughput.py)", ""]
+    rows = [[s["stage"], "passed" if s["rc"] == "0" else f"rc {s['rc']}", s["seconds"]]
+            for s in data["stages"] if s["stage"].startswith("families-exact-")]
+    md += table(["exactness stage", "result", "seconds"], rows)
+    rows = []
+    for key in sorted(k for k in data if k.startswith("family-")):
+        t = data[key]
+        if "engine" not in t:
+            continue
+        e, h = t["engine"], t.get("hf") or {}
+        rows.append([key[len("family-"):], e.get("output_tokens"), f"{e['tok_s']:.0f}",
+                     f"{h['tok_s']:.0f}" if h else "-", f"{t['ratio']:.1f}x" if h else "-"])
+    md += table(["shape (fewer layers)", "engine output tokens", "engine tok/s", "HF tok/s", "ratio"], rows)
     return md
 
 

@@ -25,7 +25,35 @@ def _params(args: Any) -> dict[str, Any]:
         p["stop"] = args.stop
     if args.ignore_eos:
         p["ignore_eos"] = True
+    so = _structured(args)
+    if so is not None:
+        p["structured_outputs"] = so
     return p
+
+
+def _structured(args: Any) -> dict[str, Any] | None:
+    """--json-schema FILE / --json-object / --regex / --choice (repeatable) / --grammar FILE."""
+    if getattr(args, "json_schema", None):
+        try:
+            with open(args.json_schema, "rb") as f:
+                return {"json": orjson.loads(f.read())}
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise SchemaError(f"--json-schema {args.json_schema}: not a readable JSON file "
+                              f"({exc})", field="json_schema") from None
+    if getattr(args, "grammar", None):
+        try:
+            with open(args.grammar, encoding="utf-8") as f:
+                return {"grammar": f.read()}
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SchemaError(f"--grammar {args.grammar}: not a readable text file ({exc})",
+                              field="grammar") from None
+    if getattr(args, "json_object", False):
+        return {"json_object": True}
+    if getattr(args, "regex", None) is not None:
+        return {"regex": args.regex}
+    if getattr(args, "choice", None):
+        return {"choice": list(args.choice)}
+    return None
 
 
 def _result_human(res: Any) -> str:
@@ -195,6 +223,15 @@ def register(sub: Any) -> None:
     s.add_argument("--batch-id", default=None)
     s.add_argument("--priority", type=int, default=None, help="lower = more urgent; >= 10 goes to the batch topic")
     _add_sampling(s)
+    c = s.add_mutually_exclusive_group()  # structured outputs (docs/structured-outputs.md)
+    c.add_argument("--json-schema", metavar="FILE", default=None,
+                   help="the output is JSON matching the JSON Schema in FILE")
+    c.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    c.add_argument("--regex", default=None, help="the output matches this regular expression")
+    c.add_argument("--choice", action="append", default=None,
+                   help="the output is one of these strings (repeatable)")
+    c.add_argument("--grammar", metavar="FILE", default=None,
+                   help="the output follows the grammar in FILE (Lark or GBNF)")
     s.add_argument("--stream", action="store_true", help="then stream its tokens")
     s.add_argument("--wait", action="store_true", help="then wait for its stored result")
     s.add_argument("--timeout", type=float, default=120.0)
