@@ -45,6 +45,7 @@ from inflight.engine.kv_cache_manager import KVCacheManager
 from inflight.engine.logprobs import ScoreOutput, StepLogprobs, TokenLogprob, extend_prompt_logprobs
 from inflight.engine.model_runner import StepHandle
 from inflight.engine.outputs import RequestOutput
+from inflight.engine.parallel import TensorParallelGroup
 from inflight.engine.request import Request, RequestStatus
 from inflight.engine.sampling_params import SamplingParams
 from inflight.engine.scheduler import Scheduler, SchedulerOutput
@@ -52,7 +53,7 @@ from inflight.engine.spec.build import build_spec_decoder
 from inflight.engine.startup import build_device_side
 from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
-from inflight.engine.errors import InflightError
+from inflight.engine.errors import EngineDeadError, InflightError
 from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
 from inflight.engine.grammar_queue import GrammarQueue
 
@@ -68,16 +69,21 @@ class ScoreError(InflightError, ValueError):
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, *, memory_probe: MemoryProbe | None = None):
+    def __init__(self, config: EngineConfig, *, memory_probe: MemoryProbe | None = None,
+                 parallel_group: TensorParallelGroup | None = None):
         """`memory_probe` measures device memory for sizing the KV cache (default: torch's
-        CUDA allocator, on CUDA); a fake one runs the sizing on CPU (tests)."""
+        CUDA allocator, on CUDA); a fake one runs the sizing on CPU (tests).
+        `parallel_group`: a running tensor-parallel group to load onto (engines one after
+        another on the same ranks: tests, benchmarks); by default the engine starts its own
+        when `config.tensor_parallel_size` > 1 and stops it in `close()`."""
         self.config = config
         self.device = resolve_device(config.device)
         self.scope = DeviceScope(self.device)
         folder = pathlib.Path(config.model)
         with self.scope:
-            side = build_device_side(config, folder, self.scope, memory_probe)
+            side = build_device_side(config, folder, self.scope, memory_probe, parallel_group)
         self.ops, self.model, self.runner = side.ops, side.model, side.runner
+        self.parallel = side.parallel
         self.num_kv_blocks, self.cuda_graphs, self.kv_plan = side.num_kv_blocks, side.cuda_graphs, side.kv_plan
         self.max_model_len = self.model.max_model_len
         self.block_size = config.block_size
@@ -97,6 +103,13 @@ class Engine:
         self.spec = build_spec_decoder(config, self)  # None without a speculative_config
         # constrained requests whose grammar is compiling (not queued yet)
         self.grammars = GrammarQueue(self.tokenizer, self.model.config.vocab_size, self.runner)
+
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel ranks (or release a group it was given); a
+        one-process engine has nothing to close. The engine cannot step afterwards."""
+        if self.parallel is not None:
+            self.parallel.release()
+            self.parallel = None
 
     def bind_thread(self) -> None:
         """Make this engine's device current on the calling thread for good (the thread
@@ -333,6 +346,8 @@ class Engine:
                     self.kv.cache_full_blocks(req, done)
 
     def _fail(self, reqs: list[Request], exc: Exception, outputs: list[RequestOutput]) -> None:
+        if isinstance(exc, EngineDeadError):  # no next step can succeed: the caller must stop
+            raise exc
         for req in reqs:
             outputs.append(self._finish(req, "error", f"forward pass failed: {exc!r}", ERR_ENGINE))
 

@@ -26,6 +26,7 @@ from inflight.engine.errors import ConfigError
 from inflight.engine.kv_sizing import CudaMemoryProbe, KVCachePlan, MemoryProbe, MemorySnapshot, plan_kv_cache
 from inflight.engine.model import LlamaModel
 from inflight.engine.model_runner import ModelRunner
+from inflight.engine.parallel import TensorParallelGroup, load_model
 from inflight.engine.profile_run import profile_lengths, profile_memory
 from inflight.engine.spec.draft import load_draft_model
 from inflight.kernels.ops import KernelOps, get_ops
@@ -41,12 +42,15 @@ class DeviceSide:
     num_kv_blocks: int
     cuda_graphs: bool            # decode steps padded on static buffers
     kv_plan: KVCachePlan | None  # the figures a measured KV cache was sized from
+    parallel: TensorParallelGroup | None = None  # the tensor-parallel group the model runs on
 
 
 def build_device_side(config: EngineConfig, folder: pathlib.Path, scope: DeviceScope,
-                      probe: MemoryProbe | None = None) -> DeviceSide:
+                      probe: MemoryProbe | None = None,
+                      parallel_group: TensorParallelGroup | None = None) -> DeviceSide:
     """`probe`: measures memory for a KV cache of no given size (default on CUDA: torch's
-    allocator; tests pass a fake one on CPU)."""
+    allocator; tests pass a fake one on CPU). `parallel_group`: a running tensor-parallel
+    group to load the model onto (default: one is started when the config asks for it)."""
     device = scope.device
     if device.type == "cuda":
         log.info("engine on %s (%s)", device, torch.cuda.get_device_name(device))
@@ -56,16 +60,32 @@ def build_device_side(config: EngineConfig, folder: pathlib.Path, scope: DeviceS
     elif probe is None and device.type == "cuda":
         probe = CudaMemoryProbe(device)
     start = probe.snapshot() if probe is not None else None
-    model = LlamaModel(folder, ops, config.torch_dtype, device, config.max_model_len)
+    model, parallel = load_model(config, folder, ops, device, parallel_group)
+    try:
+        return _after_weights(config, scope, probe, ops, model, parallel, start)
+    except BaseException:
+        if parallel is not None:
+            parallel.release()
+        raise
+
+
+def _after_weights(config: EngineConfig, scope: DeviceScope, probe: MemoryProbe | None,
+                   ops: KernelOps, model: LlamaModel, parallel: TensorParallelGroup | None,
+                   start: MemorySnapshot | None) -> DeviceSide:
+    device = scope.device
     draft = None
     spec = config.speculative_config
     if spec is not None and spec.method == "draft_model":
-        draft = load_draft_model(spec, folder, model,
+        draft = load_draft_model(spec, config.model, model,
                                  lambda path: LlamaModel(path, ops, config.torch_dtype, device,
                                                          model.max_model_len))
     after_weights = probe.snapshot() if probe is not None else None
     cuda_graphs = config.resolve_cuda_graphs(ops.name)
     capture = cuda_graphs and device.type == "cuda"
+    if capture and config.tensor_parallel_size > 1:
+        log.warning("CUDA graphs are not captured across tensor-parallel ranks; running "
+                    "decode steps padded but uncaptured")
+        capture = False
     if capture and ops.name != "triton":
         log.warning("CUDA graphs need the Triton kernels (the torch path syncs with the "
                     "host); running decode steps padded but uncaptured")
@@ -87,7 +107,7 @@ def build_device_side(config: EngineConfig, folder: pathlib.Path, scope: DeviceS
         if probe is not None:
             log_graph_memory(probe, before, plan.graphs)
     scope.synchronize()
-    return DeviceSide(ops, model, runner, num_blocks, cuda_graphs, plan)
+    return DeviceSide(ops, model, runner, num_blocks, cuda_graphs, plan, parallel)
 
 
 def kv_bytes_per_block(model: LlamaModel, draft: LlamaModel | None, block_size: int) -> int:

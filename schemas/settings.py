@@ -107,6 +107,7 @@ class Settings(BaseSettings):
     enable_prefix_caching: bool = True
     kernels: str | None = None  # torch | triton (None = triton on CUDA, torch on CPU)
     cuda_graphs: bool | None = None  # decode steps as CUDA graphs (None = on for CUDA + triton; 0 = off)
+    tensor_parallel_size: int | None = None  # GPUs (ranks) one worker shards its model over (1)
     # speculative decoding, vLLM's speculative_config as JSON (None/empty = off), e.g.
     # INFLIGHT_SPECULATIVE_CONFIG='{"method": "ngram", "num_speculative_tokens": 4}'; the
     # engine checks the keys (engine/spec/config.py); `inflight worker --speculative-config` wins

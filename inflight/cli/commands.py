@@ -195,7 +195,7 @@ def cmd_worker(args: Any, settings: Settings) -> int:
 
     settings = _overrides(args, settings)
     engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
-                          dtype=args.dtype)
+                          dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size)
     return run_worker(settings, engine)
 
 
@@ -268,6 +268,8 @@ def register(sub: Any) -> None:
     w.add_argument("--kv-cache-mb", type=int, default=None)
     w.add_argument("--device", default=None, help="cpu | cuda")
     w.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    w.add_argument("--tensor-parallel-size", type=int, default=None,
+                   help="shard the model over N ranks (GPUs cuda:i..i+N-1; INFLIGHT_TENSOR_PARALLEL_SIZE)")
     w.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
     w.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding with vLLM\'s keys, e.g. \'{"method": "ngram", '

@@ -93,6 +93,31 @@ def test_claim_gpu_hands_out_distinct_devices(tmp_path):
         claim_gpu(tmp_path, 0)
 
 
+def test_claim_gpu_hands_out_aligned_blocks_for_tensor_parallel_workers(tmp_path):
+    """Workers of 2 ranks on 5 GPUs: GPUs 0-1, then 2-3; GPU 4 is left over."""
+    first, c0 = claim_gpu(tmp_path, 5, 2)
+    second, c1 = claim_gpu(tmp_path, 5, 2)
+    assert (first, second) == (0, 2) and len(c0.handles) == 2
+    with pytest.raises(ConfigError, match="at most 2 workers of 2 GPUs each"):
+        claim_gpu(tmp_path, 5, 2)
+    one, c2 = claim_gpu(tmp_path, 5)  # a one-GPU worker takes the one left
+    assert one == 4
+    c0.close()
+    assert claim_gpu(tmp_path, 5, 2)[0] == 0
+    with pytest.raises(ConfigError, match="needs 4 GPUs per worker, but this host shows 2"):
+        claim_gpu(tmp_path, 2, 4)
+
+
+def test_tensor_parallel_size_comes_from_the_environment_and_the_flag(monkeypatch):
+    from inflight.cli.main import build_parser
+
+    monkeypatch.setenv("INFLIGHT_TENSOR_PARALLEL_SIZE", "2")
+    assert engine_overrides(Settings())["tensor_parallel_size"] == 2
+    assert engine_overrides(Settings(), tensor_parallel_size=4)["tensor_parallel_size"] == 4
+    args = build_parser().parse_args(["worker", "--tensor-parallel-size", "4"])
+    assert args.tensor_parallel_size == 4
+
+
 def test_claim_survives_kill_9_of_the_holder(tmp_path):
     """The kernel drops the lock of a killed process: its GPU is free for the restart."""
     code = textwrap.dedent(f"""

@@ -48,3 +48,9 @@ def test_a_draft_model_with_another_tokenizer_is_refused(tiny_model_path, tmp_pa
     other = write_tiny_llama(tmp_path / "other", vocab_size=400)
     with pytest.raises(ConfigError, match="different tokenizer"):
         make(tiny_model_path, {"method": "draft_model", "model": str(other), "num_speculative_tokens": 2})
+
+
+def test_tensor_parallel_speculation_is_refused():
+    with pytest.raises(ConfigError, match="tensor_parallel_size=2 is not supported yet"):
+        EngineConfig(model="m", tensor_parallel_size=2,
+                     speculative_config={"method": "ngram", "num_speculative_tokens": 2})
