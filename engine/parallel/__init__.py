@@ -23,7 +23,11 @@ __all__ = ["TensorParallelError", "TensorParallelGroup", "load_model"]
 def load_model(config, folder: pathlib.Path, ops, device: torch.device,
                group: TensorParallelGroup | None = None):
     """The engine's model: a plain `LlamaModel`, or rank 0's shard of it on `group` (started
-    here for `config.tensor_parallel_size` ranks when not given) -> (model, group or None)."""
+    here for `config.tensor_parallel_size` ranks when not given) -> (model, group or None).
+
+    NOTE: every rank builds its model from LOAD's JSON (engine/parallel/sharded_model.py,
+    `LeaderModel`): an argument added to `LlamaModel` (a KV-cache dtype, say) goes there too,
+    or the followers would build another model than rank 0's."""
     from inflight.engine.errors import ConfigError
     from inflight.engine.model import LlamaModel
     from inflight.engine.parallel.sharded_model import LeaderModel
