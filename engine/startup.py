@@ -1,6 +1,10 @@
 """The engine's device side, built in this order (inside its DeviceScope, engine/device.py):
 
-    kernels, weights  ->  model runner (its buffers)  ->  KV cache size  ->  KV cache  ->  CUDA graphs
+    kernels, weights (+ a draft model's)  ->  model runner (its buffers)  ->  KV cache size
+      ->  KV cache  ->  CUDA graphs
+
+A speculative draft model (engine/spec/draft.py) has its own KV cache over the same blocks:
+a block costs the target's bytes plus the draft's, and the budget is split accordingly.
 
 The size is given (`num_kv_blocks`, `kv_cache_bytes`; 1 GiB on CPU when neither is) or, on
 CUDA, measured: a profiling step at the largest batch on a throw-away cache
@@ -24,6 +28,7 @@ from inflight.engine.model import LlamaModel
 from inflight.engine.model_runner import ModelRunner
 from inflight.engine.parallel import TensorParallelGroup, load_model
 from inflight.engine.profile_run import profile_lengths, profile_memory
+from inflight.engine.spec.draft import load_draft_model
 from inflight.kernels.ops import KernelOps, get_ops
 
 log = logging.getLogger(__name__)
@@ -68,6 +73,12 @@ def _after_weights(config: EngineConfig, scope: DeviceScope, probe: MemoryProbe 
                    ops: KernelOps, model: LlamaModel, parallel: TensorParallelGroup | None,
                    start: MemorySnapshot | None) -> DeviceSide:
     device = scope.device
+    draft = None
+    spec = config.speculative_config
+    if spec is not None and spec.method == "draft_model":
+        draft = load_draft_model(spec, config.model, model,
+                                 lambda path: LlamaModel(path, ops, config.torch_dtype, device,
+                                                         model.max_model_len))
     after_weights = probe.snapshot() if probe is not None else None
     cuda_graphs = config.resolve_cuda_graphs(ops.name)
     capture = cuda_graphs and device.type == "cuda"
@@ -81,13 +92,14 @@ def _after_weights(config: EngineConfig, scope: DeviceScope, probe: MemoryProbe 
         capture = False
     runner = ModelRunner(model, config.block_size, config.seed, max_num_seqs=config.max_num_seqs,
                          max_num_batched_tokens=config.max_num_batched_tokens,
-                         cuda_graphs=cuda_graphs, poison=config.debug_checks, stream=scope.stream)
+                         cuda_graphs=cuda_graphs, poison=config.debug_checks, stream=scope.stream,
+                         draft=draft)
     plan = None
     if probe is not None:
         plan = measured_plan(config, model, runner, probe, start, after_weights, capture)
         num_blocks = plan.num_blocks
     else:
-        num_blocks = given_num_blocks(config, model)
+        num_blocks = given_num_blocks(config, model, draft)
     runner.allocate_kv_cache(num_blocks)
     if capture:
         before = probe.snapshot() if probe is not None else None
@@ -98,8 +110,12 @@ def _after_weights(config: EngineConfig, scope: DeviceScope, probe: MemoryProbe 
     return DeviceSide(ops, model, runner, num_blocks, cuda_graphs, plan, parallel)
 
 
-def given_num_blocks(config: EngineConfig, model: LlamaModel) -> int:
-    per_block = model.kv_bytes_per_block(config.block_size)
+def kv_bytes_per_block(model: LlamaModel, draft: LlamaModel | None, block_size: int) -> int:
+    return model.kv_bytes_per_block(block_size) + (draft.kv_bytes_per_block(block_size) if draft else 0)
+
+
+def given_num_blocks(config: EngineConfig, model: LlamaModel, draft: LlamaModel | None = None) -> int:
+    per_block = kv_bytes_per_block(model, draft, config.block_size)
     if config.num_kv_blocks:
         return config.num_kv_blocks
     budget = config.kv_cache_bytes if config.kv_cache_bytes is not None else 1 << 30
@@ -119,7 +135,7 @@ def measured_plan(config: EngineConfig, model: LlamaModel, runner: ModelRunner, 
     activations, graphs = profile_memory(runner, probe, lengths, capture)
     plan = plan_kv_cache(start, after_weights, before, probe.snapshot(), activations=activations,
                          graphs=graphs, fraction=config.kv_cache_memory_fraction,
-                         bytes_per_block=model.kv_bytes_per_block(config.block_size),
+                         bytes_per_block=kv_bytes_per_block(model, runner.draft, config.block_size),
                          block_size=config.block_size)
     if plan.num_blocks < 1:
         raise ConfigError(plan.shortfall())

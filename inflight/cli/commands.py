@@ -13,6 +13,7 @@ import orjson
 
 from inflight.cli import cli_io
 from inflight.schemas import SchemaError, Settings, parse_batch_line
+from inflight.schemas.settings import speculative_json
 
 
 def _params(args: Any) -> dict[str, Any]:
@@ -181,6 +182,11 @@ def _overrides(args: Any, settings: Settings) -> Settings:
         update["worker_max_inflight"] = args.max_inflight
     if getattr(args, "metrics_port", None) is not None:
         update["metrics_port"] = args.metrics_port
+    if getattr(args, "speculative_config", None) is not None:
+        try:
+            update["speculative_config"] = speculative_json(args.speculative_config)
+        except ValueError as exc:
+            raise SystemExit(f"inflight worker --speculative-config: {exc}") from None
     return settings.model_copy(update=update) if update else settings
 
 
@@ -265,6 +271,9 @@ def register(sub: Any) -> None:
     w.add_argument("--tensor-parallel-size", type=int, default=None,
                    help="shard the model over N ranks (GPUs cuda:i..i+N-1; INFLIGHT_TENSOR_PARALLEL_SIZE)")
     w.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
+    w.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding with vLLM\'s keys, e.g. \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4}\' (wins over INFLIGHT_SPECULATIVE_CONFIG)')
     w.set_defaults(func=cmd_worker)
 
     rc = sub.add_parser("recorder", help="run the recorder (results -> store)")
