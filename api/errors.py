@@ -97,6 +97,15 @@ def _loc(loc: tuple[Any, ...]) -> str | None:
     return ".".join(parts) if parts else None  # (a key may be "")
 
 
+def validation_code(exc: RequestValidationError) -> str:
+    """The first error's own code when it has one (a schema the grammar engine refuses:
+    invalid_schema), else invalid_request."""
+    errors = exc.errors()
+    cause = (errors[0].get("ctx") or {}).get("error") if errors else None
+    code = getattr(cause, "code", None)
+    return code if isinstance(code, str) else "invalid_request"
+
+
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
@@ -115,6 +124,7 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         text = ("the request body must be a JSON object (and the request must say "
                 "Content-Type: application/json)")
     else:
+        msg = msg.removeprefix("Value error, ")
         text = f"{param}: {msg}" if param else msg
     if len(errors) > 1:
         text += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
@@ -132,7 +142,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         text, param = validation_message(exc)
-        return error_response(request, 400, text, param=param, code="invalid_request")
+        return error_response(request, 400, text, param=param, code=validation_code(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:

@@ -75,12 +75,14 @@ class LogprobShaper:
 # INFLIGHT_* (None in Settings = keep the engine's own default).
 ENGINE_SETTINGS = ("device", "dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                    "kv_cache_bytes", "block_size", "enable_prefix_caching", "kernels",
-                   "cuda_graphs", "kv_cache_memory_fraction")
+                   "cuda_graphs", "kv_cache_memory_fraction", "tensor_parallel_size",
+                   "speculative_config")
 
 
 def engine_overrides(settings: Settings, *, max_num_seqs: int | None = None,
                      kv_cache_mb: int | None = None, device: str | None = None,
-                     dtype: str | None = None) -> dict[str, Any]:
+                     dtype: str | None = None,
+                     tensor_parallel_size: int | None = None) -> dict[str, Any]:
     """EngineConfig keyword arguments from the settings; explicit arguments (the worker's
     command-line flags) win. `max_num_seqs` falls back to the worker's in-flight limit."""
     kw: dict[str, Any] = {name: getattr(settings, name) for name in ENGINE_SETTINGS
@@ -92,25 +94,27 @@ def engine_overrides(settings: Settings, *, max_num_seqs: int | None = None,
         kw["device"] = device
     if dtype:
         kw["dtype"] = dtype
+    if tensor_parallel_size:
+        kw["tensor_parallel_size"] = tensor_parallel_size
     return kw
 
 
 def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: int | None = None,
                  kv_cache_mb: int | None = None, device: str | None = None,
-                 dtype: str | None = None) -> Any:
+                 dtype: str | None = None, tensor_parallel_size: int | None = None) -> Any:
     from inflight.engine import Engine, EngineConfig
     from inflight.engine.model_folder import resolve_model
 
     path = resolve_model(model or settings.model_path, settings.cache_dir)
     kw = engine_overrides(settings, max_num_seqs=max_num_seqs, kv_cache_mb=kv_cache_mb,
-                          device=device, dtype=dtype)
+                          device=device, dtype=dtype, tensor_parallel_size=tensor_parallel_size)
     claim = None
     if kw.get("device") == AUTO:
         import torch
 
         index, claim = claim_gpu(settings.gpu_lock_dir or Path(settings.data_dir) / "gpu-locks",
-                                 torch.cuda.device_count())
-        kw["device"] = f"cuda:{index}"
+                                 torch.cuda.device_count(), kw.get("tensor_parallel_size", 1))
+        kw["device"] = f"cuda:{index}"  # tensor-parallel rank r: cuda:index + r
     engine = Engine(EngineConfig(model=str(path), **kw))
-    engine.device_claim = claim  # NOTE: keeps the GPU's lock file open as long as the engine lives
+    engine.device_claim = claim  # NOTE: keeps the GPUs' lock files open as long as the engine lives
     return engine

@@ -64,6 +64,11 @@ class SamplingParams:
       regex, one of some strings, a grammar, a structural tag): `StructuredOutputs`, or its
       dict form `{"json": {...}}` (engine/structured_outputs.py). The grammar's end stops
       the request ("stop"); `max_tokens` reached first ends it with "length".
+    - `speculative`: whether this request may speculate when the engine has a
+      speculative_config: None = yes for interactive priorities, no for batch ones
+      (priority >= its `batch_priority`); True / False force it. Greedy output is the
+      same either way; sampled output keeps its distribution (engine/spec/). A request with
+      `structured_outputs` never speculates (its drafts would need a mask each).
     """
 
     # NOTE: read by pydantic when the wire validates into this class (the engine never
@@ -80,6 +85,7 @@ class SamplingParams:
     ignore_eos: bool = _limits(False)
     logprobs: int | None = _limits(None, ge=0, le=MAX_LOGPROBS)
     prompt_logprobs: int | None = _limits(None, ge=0, le=MAX_LOGPROBS)
+    speculative: bool | None = _limits(None)
     structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
@@ -148,7 +154,7 @@ def _check(f: dataclasses.Field, value: Any) -> None:
     elif f.type == "float":
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise SamplingParamsError(f"{name}={value!r} must be a finite number", name)
-    elif f.type == "bool" and not isinstance(value, bool):
+    elif f.type in ("bool", "bool | None") and not isinstance(value, bool):
         raise SamplingParamsError(f"{name}={value!r} must be true or false", name)
     lo, hi = md.get("ge", md.get("gt")), md.get("le")
     if lo is not None and (value < lo or (value == lo and "gt" in md)) or hi is not None and value > hi:

@@ -97,7 +97,7 @@ def openai_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, endpoin
             if row.get("tool_calls"):  # content: the text outside the calls
                 message["content"] = parse_tool_calls(row.get("output") or "", rid)[0]
                 message["tool_calls"] = row["tool_calls"]
-                finish = "tool_calls"
+                finish = "tool_calls" if finish == "stop" else finish  # cut short: "length"
             body = {"id": _hid("chatcmpl-", rid), "object": "chat.completion",
                     "created": _created(row), "model": model,
                     "choices": [{"index": 0, "message": message,
@@ -138,7 +138,7 @@ def anthropic_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, mode
             text = parse_tool_calls(row.get("output") or "", rid)[0]
             content = ([{"type": "text", "text": text}] if text else []) + \
                 tool_use_blocks(row["tool_calls"])
-            stop = "tool_use"
+            stop = "tool_use" if stop == "end_turn" else stop
         message = {"id": _hid("msg_", rid), "type": "message", "role": "assistant",
                    "model": model, "content": content,
                    "stop_reason": stop,

@@ -223,7 +223,7 @@ def completion(request_id: str, model: str, final: Any) -> dict[str, Any]:
     if final.tool_calls:  # the text outside the calls is the content (None when empty)
         message["content"] = parse_tool_calls(final.text, request_id)[0]
         message["tool_calls"] = [c.model_dump(mode="json") for c in final.tool_calls]
-        finish = "tool_calls"
+        finish = "tool_calls" if finish == "stop" else finish  # cut short: "length"
     return {"id": f"chatcmpl-{request_id}", "object": "chat.completion",
             "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": message,

@@ -178,7 +178,8 @@ async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any,
                 if calls is not None:
                     for d in calls.finish():
                         yield data(chunk(rid, model, created, d, with_usage=include_usage))
-                    reason = "tool_calls" if calls.calls and event.tool_calls else reason
+                    if calls.calls and event.tool_calls and reason == "stop":
+                        reason = "tool_calls"
                 yield data(chunk(rid, model, created, {}, reason, with_usage=include_usage))
                 if include_usage:
                     yield data(chunk(rid, model, created, None, usage=usage_of(event.usage),

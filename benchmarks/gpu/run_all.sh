@@ -24,6 +24,9 @@
 #               the decode cost and the compile times; validity needs the real weights):
 #               constrained vs free step ms at batch 1/32/64 (CUDA graphs, overlap off while
 #               grammars run), host µs per constrained sequence per step
+#   tp          benchmarks/tensor_parallel.py at TP=1 (one GPU): the plain engine vs the
+#               tensor-parallel code path over one rank, 1B shape, CUDA graphs on and off:
+#               the plumbing's cost per decode step (must be about 0), tokens identical
 #   families-exact-*  each model family's exactness test (tests/engine/test_families.py)
 #               on the GPU, fp32 then bf16
 #   family-*    a random checkpoint of each family's real shape (Llama-3.1-8B, Qwen2.5-7B,
@@ -32,7 +35,8 @@
 #               batches (64 requests)
 # GPU_CHECK_ONLY="families family" runs only the stages whose names start with one of
 # those words (install and models always run): the family stages do not fit in the same
-# call as the rest, so they are a second call of their own.
+# call as the rest, so they are a second call of their own (GPU_CHECK_ONLY=tp: the tp stage
+# alone, when the first call's budget ran out before it).
 # Everything lands in $OUT (at most 8 files come back): run_all.log (all output),
 # summary.md (the tables), results.json (all figures).
 #
@@ -121,7 +125,7 @@ stage models 150 bash -c "'$PY' benchmarks/gpu/make_model.py '$M135' '$TOK' ${SH
 
 # -- GPU tests ---------------------------------------------------------------------------
 GPU_TESTS=(tests/engine/test_cuda.py tests/engine/test_kv_sizing.py tests/engine/test_device.py
-           tests/engine/test_structured.py)
+           tests/engine/test_structured.py::test_on_cuda_with_graphs_and_overlapped_outputs)
 if [ "$SMOKE" = 1 ]; then
     stage tests 120 "$PY" -m pytest -q -p no:cacheprovider "${GPU_TESTS[@]}"
 else
@@ -170,6 +174,17 @@ else
     stage structured 120 "$PY" benchmarks/structured.py --model "$M135" --device "$DEVICE" \
         --dtype "$DTYPE" --batch-sizes 1,32,64 --steps 30 --skip-validity \
         --json "$WORK/json/structured.json"
+fi
+
+# -- tensor-parallel plumbing at TP=1 ----------------------------------------------------------
+if [ "$SMOKE" = 1 ]; then
+    stage tp 120 "$PY" benchmarks/tensor_parallel.py --model "$M135" --device cpu --dtype float32 \
+        --sizes 1,2 --num-requests 4 --prompt-len 16 --max-tokens 4 --rounds 1 \
+        --json "$WORK/json/tensor-parallel.json"
+else
+    stage tp 100 "$PY" benchmarks/tensor_parallel.py --model "$M1B" --device cuda --dtype bfloat16 \
+        --sizes 1 --cuda-graphs both --num-requests 32 --prompt-len 128 --max-tokens 64 --rounds 3 \
+        --kv-cache-mib 4096 --json "$WORK/json/tensor-parallel.json"
 fi
 
 # -- model families: exact on the GPU, real shapes through the throughput benchmark --------------

@@ -13,6 +13,7 @@ import orjson
 
 from inflight.cli import cli_io
 from inflight.schemas import SchemaError, Settings, parse_batch_line
+from inflight.schemas.settings import speculative_json
 
 
 def _params(args: Any) -> dict[str, Any]:
@@ -181,6 +182,11 @@ def _overrides(args: Any, settings: Settings) -> Settings:
         update["worker_max_inflight"] = args.max_inflight
     if getattr(args, "metrics_port", None) is not None:
         update["metrics_port"] = args.metrics_port
+    if getattr(args, "speculative_config", None) is not None:
+        try:
+            update["speculative_config"] = speculative_json(args.speculative_config)
+        except ValueError as exc:
+            raise SystemExit(f"inflight worker --speculative-config: {exc}") from None
     return settings.model_copy(update=update) if update else settings
 
 
@@ -189,7 +195,7 @@ def cmd_worker(args: Any, settings: Settings) -> int:
 
     settings = _overrides(args, settings)
     engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
-                          dtype=args.dtype)
+                          dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size)
     return run_worker(settings, engine)
 
 
@@ -262,7 +268,12 @@ def register(sub: Any) -> None:
     w.add_argument("--kv-cache-mb", type=int, default=None)
     w.add_argument("--device", default=None, help="cpu | cuda")
     w.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    w.add_argument("--tensor-parallel-size", type=int, default=None,
+                   help="shard the model over N ranks (GPUs cuda:i..i+N-1; INFLIGHT_TENSOR_PARALLEL_SIZE)")
     w.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
+    w.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding with vLLM\'s keys, e.g. \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4}\' (wins over INFLIGHT_SPECULATIVE_CONFIG)')
     w.set_defaults(func=cmd_worker)
 
     rc = sub.add_parser("recorder", help="run the recorder (results -> store)")

@@ -239,3 +239,21 @@ def test_client_submit_and_a_raw_kafka_request(stack):
         assert "integr" in res.error
     finally:
         client.close()
+
+
+def test_post_requests_with_a_constraint_and_tools(stack):
+    from tests.api.test_requests import poll
+
+    with stack.http(stack.new_key()) as http:
+        bad = http.post("/v1/requests", json={"prompt": "hi", "params": {
+            "max_tokens": 4, "structured_outputs": {"json": {"type": "strng"}}}})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_schema"
+        assert "strng" in bad.json()["error"]["message"]
+        made = http.post("/v1/requests", json={
+            "messages": USER, "params": {"max_tokens": 80, "temperature": 0.0}, "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "time"}}})
+        assert made.status_code == 202, made.text
+        done = poll(http, made.json()["id"])
+        assert done["status"] == "completed"
+        assert [c["function"]["name"] for c in done["tool_calls"]] == ["time"]
+        jsonschema.validate(json.loads(done["tool_calls"][0]["function"]["arguments"]), TIME)

@@ -98,6 +98,35 @@ def test_every_stopped_constrained_output_validates(model, tiny_model_path, requ
     assert st["grammar_compiles"] == len(SUITE) and st["grammar_masks"] > 0
 
 
+def test_the_default_model_answers_valid_structures():
+    """The real SmolLM2-135M weights, greedy, chat prompts: every output stops and validates."""
+    from inflight.engine.model_folder import ensure_default_model
+    from inflight.schemas import Settings
+
+    engine = Engine(EngineConfig(model=ensure_default_model(Settings().cache_dir),
+                                 num_kv_blocks=256, max_num_seqs=8))
+    review = {"type": "object", "additionalProperties": False, "required": ["sentiment", "stars"],
+              "properties": {"sentiment": {"enum": ["positive", "negative"]},
+                             "stars": {"type": "integer", "minimum": 1, "maximum": 5}}}
+    asks = [("Rate this review as JSON: the soup was cold.", {"json": review},
+             lambda t: jsonschema.validate(json.loads(t), review)),
+            ("What time is the meeting?", {"regex": r"[0-2][0-9]:[0-5][0-9]"},
+             lambda t: _check(re.fullmatch(r"[0-2][0-9]:[0-5][0-9]", t))),
+            ("Is the sky blue?", {"choice": ["yes", "no"]}, lambda t: _check(t in ("yes", "no"))),
+            ("Describe a cat as a JSON object.", {"json_object": True},
+             lambda t: _is_dict(json.loads(t)))]
+    for i, (_, so, _) in enumerate(asks):
+        engine.add_request(str(i), messages=[{"role": "user", "content": asks[i][0]}],
+                           params=SamplingParams(max_tokens=64, temperature=0.0, structured_outputs=so))
+    finals = {}
+    while engine.has_unfinished():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    for i, (_, so, check) in enumerate(asks):
+        out = finals[str(i)]
+        assert out.finish_reason == "stop", (so, out.text)
+        check(out.text)
+
+
 def test_same_outputs_through_every_step_path(tiny_model_path):
     """Greedy and seeded constrained outputs do not depend on how the steps ran: overlapped
     outputs (synchronised around grammars), padded decode steps, chunked prefill, a KV cache
