@@ -54,6 +54,14 @@ class Settings(BaseSettings):
     # (the worker's intake polls every few ms, whatever the engine or the broker does)
     kafka_max_poll_interval_ms: int = 300_000
     kafka_max_message_bytes: int = 1_000_000
+    # How long the broker may hold a fetch that finds nothing new (every consumer of ours:
+    # the worker's intake and cancel reader, the recorder, the results readers of the API
+    # and Client). Kafka answers a fetch as soon as a record lands, so there it only sets
+    # the idle cost (one fetch per this many ms per consumer; 500 is Kafka's default); the
+    # embedded Tansu may hold a fetch for all of it, so it is added to a stream's latency.
+    kafka_fetch_max_wait_ms: int = Field(default=500, ge=0)
+    # how long a producer of ours waits to fill a batch before sending it
+    kafka_linger_ms: int = Field(default=2, ge=0)
 
     topic_requests: str = "inflight.requests"
     topic_requests_batch: str = "inflight.requests.batch"
