@@ -65,8 +65,11 @@ def engine_alone(model: str, args) -> dict:
     def run() -> None:
         import torch
 
+        from inflight.consumers.worker import settle_heap
+
         torch.set_num_threads(args.threads)
         engine = build_engine(Settings(model_path=model))
+        settle_heap()  # as the worker does once it has started
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
         ttft, final = [], []
         for i in range(args.rounds + args.warmup):

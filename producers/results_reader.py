@@ -172,7 +172,7 @@ class ResultsReader:
                     self._connect()
                 self._replay_late()
                 self._resolve()
-                msgs = self._consumer.consume(BATCH, POLL_S)
+                msgs = self._take()
                 if msgs:
                     self._dispatch(msgs)
                 self._checkpoint()
@@ -190,6 +190,17 @@ class ResultsReader:
             except Exception:  # noqa: BLE001 - closing must not mask anything
                 log.debug("closing the results consumer failed", exc_info=True)
             self._consumer = None
+
+    def _take(self) -> list[Any]:
+        """What has arrived (up to BATCH); waits up to POLL_S only while nothing has.
+        NOTE: librdkafka's consume(n, timeout) waits for n records or the whole timeout."""
+        c = self._consumer
+        msgs = c.consume(BATCH, 0)
+        if not msgs:
+            msgs = c.consume(1, POLL_S)
+            if msgs:
+                msgs += c.consume(BATCH - 1, 0)
+        return msgs
 
     def _connect(self) -> None:
         from confluent_kafka import Consumer, KafkaException
@@ -315,21 +326,25 @@ class ResultsReader:
         return self._coarse[i - 1][1].get(tp) if i else None
 
     def _dispatch(self, msgs: list[Any]) -> None:
-        pos, hits = self._pos, []
+        pos, tokens_topic = self._pos, self.topics[0]
+        deltas: list[tuple[list[Follow], bytes]] = []
+        others: list[tuple[list[Follow], bytes]] = []
         with self._lock:
             by_key = self._by_key
             for m in msgs:
                 if m.error() is not None:
                     log.debug("%s reader: %s", self.name, m.error())
                     continue
-                pos[(m.topic(), m.partition())] = m.offset() + 1
+                topic = m.topic()
+                pos[(topic, m.partition())] = m.offset() + 1
                 fs = by_key.get(m.key())
                 if fs:
-                    hits.append((list(fs), m.value()))
+                    (deltas if topic == tokens_topic else others).append((list(fs), m.value()))
         self.records += len(msgs)
         touched: list[Follow] = []
         finished: list[Follow] = []
-        for fs, value in hits:
+        # deltas first: a request's final is sent after its deltas, on the other topic
+        for fs, value in deltas + others:
             try:
                 event = decode_result(value)
             except SchemaError:
