@@ -17,7 +17,7 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
 
-from inflight.schemas import kafka_records
+from inflight.schemas import kafka_parked, kafka_records
 from inflight.schemas.errors import BrokerError
 from inflight.schemas.settings import Settings
 
@@ -57,8 +57,10 @@ def group_config(settings: Settings, group: str) -> dict[str, Any]:
 def connect(client_cls: type, settings: Settings, **opts: Any) -> Any:
     """A kafka-python client (producer, consumer, admin) built from Settings; an unreachable
     broker becomes BrokerError that says what to do. Installs the tolerant record parse
-    first (schemas.kafka_records), so no fetched record can stop a consumer of ours."""
+    first (schemas.kafka_records), so no fetched record can stop a consumer of ours, and
+    the fetcher fix that keeps a resumed partition read (schemas.kafka_parked)."""
     kafka_records.install()
+    kafka_parked.install()
     try:
         return client_cls(**settings.kafka_common(), **opts)
     except KafkaError as exc:
