@@ -19,6 +19,7 @@ with an error id that is also in the server log with the traceback).
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -85,9 +86,24 @@ def error_response(request: Request, status: int, message: str, *, param: str | 
                          headers)
 
 
+# the names pydantic gives a union's members in an error's path (`content.str`,
+# `prompt.constrained-str`, `stop.list[constrained-str]`): not fields a client wrote
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|list|dict|constrained-[\w-]+|[\w-]+\[.*\])$")
+
+
 def _loc(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or None
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")
+             and not (isinstance(p, str) and _UNION_MEMBER.match(p))]
+    return ".".join(parts) if parts else None  # (a key may be "")
+
+
+def validation_code(exc: RequestValidationError) -> str:
+    """The first error's own code when it has one (a schema the grammar engine refuses:
+    invalid_schema), else invalid_request."""
+    errors = exc.errors()
+    cause = (errors[0].get("ctx") or {}).get("error") if errors else None
+    code = getattr(cause, "code", None)
+    return code if isinstance(code, str) else "invalid_request"
 
 
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -108,6 +124,7 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         text = ("the request body must be a JSON object (and the request must say "
                 "Content-Type: application/json)")
     else:
+        msg = msg.removeprefix("Value error, ")
         text = f"{param}: {msg}" if param else msg
     if len(errors) > 1:
         text += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
@@ -125,7 +142,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         text, param = validation_message(exc)
-        return error_response(request, 400, text, param=param, code="invalid_request")
+        return error_response(request, 400, text, param=param, code=validation_code(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:

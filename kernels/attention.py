@@ -19,6 +19,14 @@ row p % bs. Grouped-query attention: query head h reads KV head h // (Hq // Hkv)
 
 A sequence with one query and seq_len 0 is padding (CUDA-graph decode steps run padded
 batches): its output is zeros, and it reads no cache.
+
+Sliding window W (`sliding_window`, per layer; None = none): query at position p sees
+only keys p - W + 1 .. p (as transformers' sliding-window mask, `kv > q - W`). No path
+reads a block that holds no key of some query's window (the reference and the Triton
+kernel read no such key at all), so blocks below every window may hold stale data:
+
+    context of b:  [ never read | window of the first new token ... | new (q_len) ]
+                                 ^ seq_len - q_len - W + 1
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ import torch
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                        query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
+                        query_start_loc: torch.Tensor, scale: float, *,
+                        sliding_window: int | None = None) -> torch.Tensor:
     """Plain-torch reference: one sequence at a time, fp32 math, returns q's dtype."""
     T, Hq, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
@@ -41,17 +50,21 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         q_len = e - s
         if q_len == 0:
             continue
-        n_blocks = (seq_len + bs - 1) // bs
-        blocks = block_tables[b, :n_blocks].long()
-        k = k_cache[blocks].reshape(n_blocks * bs, Hkv, D)[:seq_len].float()
-        v = v_cache[blocks].reshape(n_blocks * bs, Hkv, D)[:seq_len].float()
+        lo = 0 if sliding_window is None else max(0, seq_len - q_len - sliding_window + 1)
+        positions = torch.arange(lo, seq_len, device=q.device)
+        blocks = block_tables[b, positions // bs].long()
+        k = k_cache[blocks, positions % bs].float()  # [L, Hkv, D]: keys lo .. seq_len - 1
+        v = v_cache[blocks, positions % bs].float()
         k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]
         v = v.repeat_interleave(group, dim=1)
         qb = q[s:e].float()  # [q_len, Hq, D]
         scores = torch.einsum("qhd,khd->hqk", qb, k) * scale
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-        k_pos = torch.arange(seq_len, device=q.device)[None, :]
-        scores.masked_fill_((k_pos > q_pos)[None], float("-inf"))
+        k_pos = positions[None, :]
+        hidden = k_pos > q_pos
+        if sliding_window is not None:
+            hidden |= k_pos <= q_pos - sliding_window
+        scores.masked_fill_(hidden[None], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[s:e] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out
@@ -59,15 +72,19 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                          query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
+                          query_start_loc: torch.Tensor, scale: float, *,
+                          sliding_window: int | None = None) -> torch.Tensor:
     """Faster torch path, equal to `paged_attention_ref` (tested): the single-token (decode)
     sequences go through one batched, padded block gather and one masked
     `scaled_dot_product_attention`; each multi-token (prefill chunk) sequence through its
-    own causal one. Grouped-query heads are read in place (enable_gqa). fp32 math."""
+    own causal one. Grouped-query heads are read in place (enable_gqa). fp32 math. With a
+    window, decodes gather only the blocks that hold a visible key (masking the rest of
+    the first one), prefill chunks only the visible keys."""
     import torch.nn.functional as F
 
     T, Hq, D = q.shape
     nb, bs, Hkv, _ = k_cache.shape
+    W = sliding_window
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     out = torch.empty_like(q)
@@ -82,12 +99,26 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             sel = torch.tensor(decodes, device=q.device)
             rows = torch.tensor([starts[b] for b in decodes], device=q.device)
             bt, lens_t, qd = block_tables[sel, :n_blocks], seq_lens[sel], q[rows]
-        Bd, L = len(decodes), n_blocks * bs
+        Bd = len(decodes)
+        if W is None:
+            first = None  # every block from the first
+        else:  # [Bd, nw] columns from the block of each sequence's first visible key
+            nw = min(n_blocks, (W - 1) // bs + 2)
+            first = (lens_t.long() - W).clamp(min=0) // bs
+            cols = (first[:, None] + torch.arange(nw, device=q.device)[None, :]).clamp(max=n_blocks - 1)
+            bt = bt.gather(1, cols.to(bt.device)) if n_blocks else bt
+            n_blocks = nw
+        L = n_blocks * bs
         # [Bd * n_blocks] whole blocks -> [Bd, L, Hkv, D] -> a [Bd, Hkv, L, D] view
         idx = bt.reshape(-1).long()
         k = k_flat.index_select(0, idx).view(Bd, L, Hkv, D).transpose(1, 2).float()
         v = v_flat.index_select(0, idx).view(Bd, L, Hkv, D).transpose(1, 2).float()
-        keep = torch.arange(L, device=q.device)[None, :] < lens_t[:, None]
+        k_pos = torch.arange(L, device=q.device)[None, :]
+        if first is not None:
+            k_pos = k_pos + first[:, None] * bs
+        keep = k_pos < lens_t[:, None]
+        if W is not None:
+            keep &= k_pos >= lens_t[:, None] - W
         o = F.scaled_dot_product_attention(qd.float().view(Bd, Hq, 1, D), k, v,
                                            attn_mask=keep[:, None, None, :], scale=scale,
                                            enable_gqa=True).view(Bd, Hq, D).to(q.dtype)
@@ -101,16 +132,22 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         q_len = e - s
         if q_len <= 1:
             continue
-        n_blocks = (seq_len + bs - 1) // bs
-        idx = block_tables[b, :n_blocks].long()
-        k = k_flat.index_select(0, idx).view(n_blocks * bs, Hkv, D)[:seq_len].transpose(0, 1).float()
-        v = v_flat.index_select(0, idx).view(n_blocks * bs, Hkv, D)[:seq_len].transpose(0, 1).float()
+        lo = 0 if W is None else max(0, seq_len - q_len - W + 1)  # the first visible key
+        first = lo // bs
+        n_blocks = (seq_len + bs - 1) // bs - first
+        idx = block_tables[b, first:first + n_blocks].long()
+        span = slice(lo - first * bs, seq_len - first * bs)
+        k = k_flat.index_select(0, idx).view(n_blocks * bs, Hkv, D)[span].transpose(0, 1).float()
+        v = v_flat.index_select(0, idx).view(n_blocks * bs, Hkv, D)[span].transpose(0, 1).float()
         qb = q[s:e].float().transpose(0, 1)  # [Hq, q_len, D]
-        if q_len == seq_len:
+        if q_len == seq_len and (W is None or W >= seq_len):  # plain causal
             o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
             q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos
+            k_pos = torch.arange(lo, seq_len, device=q.device)[None, :]
+            mask = k_pos <= q_pos
+            if W is not None:
+                mask &= k_pos > q_pos - W
             o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         out[s:e] = o.transpose(0, 1).to(q.dtype)
     return out

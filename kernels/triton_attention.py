@@ -20,6 +20,13 @@ The program walks its context in tiles of TILE_N keys, each key's cache row foun
 the block table (so TILE_N and the cache block size are independent), with an online
 softmax in fp32 (flash-attention): memory stays linear in the context length.
 
+Sliding window (SLIDING, `window` W): query at position p sees keys p - W + 1 .. p. The
+program starts at the tile holding its first query's lowest visible key and masks the
+loads below it, so no key outside every query's window is read (its block may be stale):
+
+    keys:  [ never read ...... | kv_start ...... tiles walked ...... | kv_end ]
+                                 = first q_pos - W + 1                 = last q_pos + 1
+
 Split-KV (flash-decoding): with few programs and long contexts the GPU would idle, so the
 wrapper may cut each context into NUM_SPLITS ranges of tiles; each split writes its
 unnormalised accumulator with its running max and sum, and a second kernel merges them.
@@ -57,7 +64,7 @@ def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 def _paged_attention_kernel(
     out_ptr, m_ptr, l_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    scale_log2, num_seqs,
+    scale_log2, num_seqs, window,
     stride_qt, stride_qh,
     stride_ot, stride_oh, stride_os,      # out: [T, Hq, D], or [T, Hq, S, D] fp32 partials
     stride_mt, stride_mh,                 # m, l: [T, Hq, S] (split path only)
@@ -69,6 +76,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    SLIDING: tl.constexpr,                # a per-layer window of `window` keys
     DOT_PRECISION: tl.constexpr,
 ):
     q_block = tl.program_id(0)
@@ -98,14 +106,19 @@ def _paged_attention_kernel(
 
     # Keys up to the last valid row's position; causality masks the rest inside tiles.
     kv_end = tl.minimum(seq_len, cached + tl.minimum((local_block + 1) * BLOCK_Q, q_len))
-    num_tiles = tl.cdiv(kv_end, TILE_N)
+    if SLIDING:
+        kv_start = tl.maximum(cached + local_block * BLOCK_Q - window + 1, 0)
+    else:
+        kv_start = 0
+    first_tile = kv_start // TILE_N
+    num_tiles = tl.cdiv(kv_end, TILE_N) - first_tile
     if NUM_SPLITS == 1:
-        tile_lo = 0
-        tile_hi = num_tiles
+        tile_lo = first_tile
+        tile_hi = first_tile + num_tiles
     else:
         per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-        tile_lo = split * per_split
-        tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
+        tile_lo = first_tile + split * per_split
+        tile_hi = tl.minimum(tile_lo + per_split, first_tile + num_tiles)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -114,7 +127,7 @@ def _paged_attention_kernel(
 
     for tile in range(tile_lo, tile_hi):
         k_pos = tile * TILE_N + tl.arange(0, TILE_N)
-        k_ok = k_pos < kv_end
+        k_ok = (k_pos < kv_end) & (k_pos >= kv_start)
         block = tl.load(block_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
         offset = k_pos % BLOCK_SIZE
         k = tl.load(k_cache_ptr + block[None, :] * stride_kb + offset[None, :] * stride_ks
@@ -125,7 +138,10 @@ def _paged_attention_kernel(
                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)           # [TILE_N, D]
 
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2       # log2 domain
-        s = tl.where((k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :], s, float("-inf"))
+        visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+        if SLIDING:
+            visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         # NOTE: a row with no visible key yet keeps max -inf; shift by 0 so that
         # exp2(-inf - -inf) never makes a NaN (its p and alpha are then 0).
@@ -225,9 +241,11 @@ def _choose_num_splits(programs: int, max_context: int, tile_n: int,
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            query_start_loc: torch.Tensor, scale: float,
-                           num_splits: int | None = None) -> torch.Tensor:
+                           num_splits: int | None = None, *,
+                           sliding_window: int | None = None) -> torch.Tensor:
     """Same contract as `paged_attention_ref`. `num_splits` forces the split-KV path
-    (None: chosen from the grid size and block_tables' width, with no host sync)."""
+    (None: chosen from the grid size and block_tables' width, with no host sync).
+    `sliding_window`: each query sees only its last `sliding_window` keys (None: all)."""
     T, Hq, D = q.shape
     num_blocks, block_size, Hkv, Dk = k_cache.shape
     B = seq_lens.shape[0]
@@ -238,6 +256,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     assert block_tables.dim() == 2 and block_tables.shape[0] == B and block_tables.stride(1) == 1
     assert query_start_loc.shape == (B + 1,) and query_start_loc.is_contiguous() and seq_lens.is_contiguous()
     assert block_tables.dtype == seq_lens.dtype == query_start_loc.dtype == torch.int32
+    assert sliding_window is None or sliding_window >= 1, sliding_window
     check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
 
     out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
@@ -249,7 +268,10 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_q = block_m // group
     programs = (T // block_q + B) * Hkv
     if num_splits is None:
-        num_splits = _choose_num_splits(programs, block_tables.shape[1] * block_size, tile_n,
+        context = block_tables.shape[1] * block_size
+        if sliding_window is not None:  # a window bounds the keys a program walks
+            context = min(context, sliding_window + block_m // group + tile_n)
+        num_splits = _choose_num_splits(programs, context, tile_n,
                                         None if is_cuda(q) else INTERPRETER_PROGRAMS)
     assert num_splits >= 1
 
@@ -257,9 +279,10 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     grid = (T // block_q + B, Hkv, num_splits)
     common = dict(BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad,
                   BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=tile_n, NUM_SPLITS=num_splits,
-                  DOT_PRECISION=dot_precision, num_warps=4, num_stages=2)
+                  SLIDING=sliding_window is not None, DOT_PRECISION=dot_precision,
+                  num_warps=4, num_stages=2)
     args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale * LOG2E, B,
-            q.stride(0), q.stride(1))
+            sliding_window or 0, q.stride(0), q.stride(1))
     cache_strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                      v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0))
     if num_splits == 1:

@@ -89,9 +89,9 @@ def create_batch(store: Store, *, input_file_id: str, endpoint: str,
                           "with purpose 'batch'", field="input_file_id")
     if metadata is not None and (len(metadata) > 16 or not all(
             isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
-            for k, v in metadata.items())):
+            and "\x00" not in k + v for k, v in metadata.items())):
         raise SchemaError("metadata: at most 16 string keys (<= 64 chars) with string values "
-                          "(<= 512 chars)", field="metadata")
+                          "(<= 512 chars), without the NUL character", field="metadata")
     bid = batch_id or new_batch_id()
     if len(bid) > MAX_BATCH_ID:
         raise SchemaError(f"batch id is {len(bid)} characters; at most {MAX_BATCH_ID}",

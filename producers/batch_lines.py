@@ -26,6 +26,7 @@ from inflight.schemas.anthropic_batch import MESSAGES_URL, anthropic_batch_reque
 from inflight.schemas.base import ID_RE, MAX_ID_LEN
 from inflight.schemas.batch import CHAT_URL, COMPLETIONS_URL, openai_batch_request
 from inflight.schemas.codec import load_object
+from inflight.schemas.json_text import refuse_nul
 from inflight.schemas.errors import ConfigError
 from inflight.schemas.requests import PRIORITY_BATCH, InferenceRequest
 
@@ -106,13 +107,20 @@ class LineChecker:
                               request_id=e.request_id, code=e.code) from None
 
     def convert(self, raw: bytes) -> Checked:
-        """(custom_id, request) of one line, or SchemaError naming the line's field (the
-        API checks the requests of a message batch with it before creating the batch)."""
+        """(custom_id, request) of one line, or SchemaError naming the line's field."""
         # NOTE: the one parser (schemas.json_text) that enqueue and the output writer use
         # too: a BOM is dropped; bytes that are not UTF-8, a lone surrogate or a NUL are
         # refused here, so nothing that passes can fail later for its encoding
-        data, obj = load_object(raw, max_bytes=self.max_line_bytes, what="batch line",
-                                forbid_nul=True)
+        data, obj = load_object(raw, max_bytes=self.max_line_bytes, what="batch line")
+        return self.convert_object(obj, data)  # (which refuses a NUL)
+
+    def convert_object(self, obj: dict[str, Any], data: bytes) -> Checked:
+        """convert() of a line already parsed (the API's message batches: their requests
+        arrive parsed, and a NaN re-encoded would read as null); `data` is its encoding."""
+        try:
+            refuse_nul(obj, data)
+        except SchemaError as e:
+            raise SchemaError(e.message, raw=data, field=e.field) from None
         cid = obj.get("custom_id")
         if not isinstance(cid, str) or not cid or len(cid) > MAX_CUSTOM_ID:
             raise SchemaError(f"custom_id: give a non-empty string of at most {MAX_CUSTOM_ID} "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from inflight.schemas.anthropic_batch import MESSAGES_URL
 from inflight.store import (CANCELLED, CANCELLING, COMPLETED, EXPIRED, FINALIZING, IN_PROGRESS,
                    VALIDATING, BatchRow)
 from inflight.store.models import utcnow
@@ -19,7 +20,7 @@ from inflight.store.models import utcnow
 from inflight.producers.batch_context import (JobContext, dispatch_marker, end_requests, expired,
                                      open_request_ids)
 from inflight.producers.batch_faults import fail_batch, reason_of, transient
-from inflight.producers.batch_output import LostLease, write_results
+from inflight.producers.batch_output import LostLease, write_results, write_unrun_messages
 
 log = logging.getLogger("inflight.batch")
 
@@ -129,9 +130,14 @@ def _write(ctx: JobContext, b: BatchRow, owner: str,
     transition. The counts are what the files hold, set in the same UPDATE that ends the
     batch, so no count computed earlier (a sweeper's refresh racing this one) can be what
     an ended batch shows. Nothing is written when the input was never fully validated
-    (then nothing was published: no results, counts stay as they are)."""
+    (then nothing was published: no results, counts stay as they are) -- but a Message
+    Batch gets a results file saying each request was canceled or expired (Anthropic's
+    clients read an ended batch's results; its lines were checked at create)."""
     if b.in_progress_at is None:
-        return {}, {}
+        if b.endpoint != MESSAGES_URL or final_status == COMPLETED:
+            return {}, {}
+        fid, n = write_unrun_messages(ctx.store, b, final_status)
+        return {"output_file_id": fid}, {"request_total": n, f"request_{final_status}": n}
     res = write_results(ctx.store, b, default_model=ctx.model_name, final_status=final_status,
                         keep_lease=_keeper(ctx, b.id, owner))
     return ({"output_file_id": res.output_file_id, "error_file_id": res.error_file_id},

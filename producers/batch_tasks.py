@@ -87,12 +87,14 @@ def worker_app(settings: Settings, *, model_dir: Path | None = None,
     def enqueue(self: Any, batch_id: str) -> str:
         try:
             outcome = validate_and_enqueue(res.ctx(), batch_id)
-        except NotFoundError as exc:
-            log.error("enqueue %s: %s", batch_id, exc)
-            return "not found"
         except Retry as exc:
             raise self.retry(countdown=exc.delay, exc=exc) from exc
         except Exception as exc:  # noqa: BLE001 — one batch's failure is that batch's
+            if isinstance(exc, NotFoundError) and res.ctx().store.get_batch(batch_id) is None:
+                log.error("enqueue %s: %s", batch_id, exc)
+                return "not found"
+            # NOTE: any other NotFoundError is the batch's input file, deleted under it:
+            # the batch fails saying so (it would wait in `validating` for its window)
             if transient(exc) and self.request.retries < TRANSIENT_RETRIES:
                 delay = min(2 ** self.request.retries, 60)
                 log.warning("enqueue %s: %s; retrying in %ss", batch_id, reason_of(exc), delay)

@@ -74,6 +74,7 @@ class Result:
     created_at: float | None = None
     finished_at: float | None = None
     logprobs: dict[str, Any] | None = None  # requests.logprobs (see store.rows.logprobs_column)
+    tool_calls: list[dict[str, Any]] | None = None  # a request with tools: its answer's calls
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -92,7 +93,8 @@ class Result:
 
 def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
              request_id: str | None = None, priority: int | None = None,
-             metadata: Mapping | None = None, batch_id: str | None = None) -> InferenceRequest:
+             metadata: Mapping | None = None, batch_id: str | None = None,
+             tools: list | None = None, tool_choice: Any = None) -> InferenceRequest:
     if isinstance(item, InferenceRequest):
         return item
     fields: dict[str, Any] = {}
@@ -118,6 +120,10 @@ def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
         fields["metadata"] = dict(metadata)
     if batch_id is not None:
         fields["batch_id"] = batch_id
+    if tools is not None:
+        fields["tools"] = tools
+    if tool_choice is not None:
+        fields["tool_choice"] = tool_choice
     fields.setdefault("submitted_at", time.time())
     try:
         return InferenceRequest.model_validate(fields)
@@ -194,11 +200,15 @@ class Client:
     def submit(self, prompt: Any = None, params: SamplingParams | Mapping | None = None, *,
                messages: list | None = None, request_id: str | None = None,
                priority: int = PRIORITY_INTERACTIVE, metadata: Mapping | None = None,
-               batch_id: str | None = None, flush: bool = True) -> str:
-        """Publish one request; returns its request_id (a given one is kept)."""
+               batch_id: str | None = None, flush: bool = True, tools: list | None = None,
+               tool_choice: Any = None) -> str:
+        """Publish one request; returns its request_id (a given one is kept).
+        `params` may constrain the output (`{"structured_outputs": {"json": SCHEMA}}`, or
+        SamplingParams(structured_outputs=...)); `tools` / `tool_choice` (OpenAI's, with
+        `messages`) make the answer's tool calls come back on the result (`tool_calls`)."""
         req = _request(messages if messages is not None else prompt, params,
                        request_id=request_id, priority=priority, metadata=metadata,
-                       batch_id=batch_id)
+                       batch_id=batch_id, tools=tools, tool_choice=tool_choice)
         self._publish(req)
         if flush:
             self.flush()
@@ -303,7 +313,7 @@ class Client:
                       batch_id=row.batch_id, worker=row.worker,
                       created_at=row.created_at.timestamp() if row.created_at else None,
                       finished_at=row.finished_at.timestamp() if row.finished_at else None,
-                      logprobs=row.logprobs)
+                      logprobs=row.logprobs, tool_calls=row.tool_calls)
 
     def wait(self, request_id: str, timeout: float | None = None, poll_s: float = 0.1) -> Result:
         """Wait until the request is final in the store or `timeout` seconds pass; returns

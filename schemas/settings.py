@@ -10,13 +10,31 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 # NOTE: the same name as inflight.engine.model_folder.DEFAULT_MODEL_NAME (the wire does not
 # import the engine's model code); tests/schemas check that they agree.
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def speculative_json(value: str | None) -> str | None:
+    """A speculative_config given as JSON text: None when empty or null, else the text of a
+    JSON object (its keys are the engine's to check). ValueError says what is wrong."""
+    if value is None or not value.strip() or value.strip() == "null":
+        return None
+    import json
+
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"speculative_config is not valid JSON ({exc}); give an object such as "
+                         '{"method": "ngram", "num_speculative_tokens": 4}') from None
+    if not isinstance(parsed, dict):
+        raise ValueError("speculative_config must be a JSON object with vLLM's speculative_config "
+                         'keys, such as {"method": "ngram", "num_speculative_tokens": 4}')
+    return value
 
 
 def _data_dir() -> Path:
@@ -97,6 +115,11 @@ class Settings(BaseSettings):
     enable_prefix_caching: bool = True
     kernels: str | None = None  # torch | triton (None = triton on CUDA, torch on CPU)
     cuda_graphs: bool | None = None  # decode steps as CUDA graphs (None = on for CUDA + triton; 0 = off)
+    tensor_parallel_size: int | None = None  # GPUs (ranks) one worker shards its model over (1)
+    # speculative decoding, vLLM's speculative_config as JSON (None/empty = off), e.g.
+    # INFLIGHT_SPECULATIVE_CONFIG='{"method": "ngram", "num_speculative_tokens": 4}'; the
+    # engine checks the keys (engine/spec/config.py); `inflight worker --speculative-config` wins
+    speculative_config: str | None = None
     # --device cuda:auto: workers of one host claim distinct GPUs through lock files here
     gpu_lock_dir: Path | None = None  # None = <data_dir>/gpu-locks
 
@@ -150,6 +173,11 @@ class Settings(BaseSettings):
     # (a message batch's results_url); None = links relative to the API's root
     api_public_url: str | None = None
     api_publish_timeout_s: float = 10.0        # a submit waits this long for Kafka's ack (then 503)
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _speculative_json(cls, value: str | None) -> str | None:
+        return speculative_json(value)
 
     def kafka_common(self) -> dict[str, Any]:
         """kafka-python keyword arguments shared by producers, consumers and admin clients."""

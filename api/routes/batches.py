@@ -28,6 +28,7 @@ from inflight.api.routes.files import owned_file
 from inflight.api.routing import ApiRoute
 from inflight.producers import batch_jobs
 from inflight.producers.celery_app import send_enqueue
+from inflight.schemas.base import ID_RE
 
 router = APIRouter(route_class=ApiRoute, prefix="/v1/batches", tags=["batches"],
                    responses=OPENAI_ERRORS)
@@ -39,7 +40,8 @@ async def owned_batch(ctx: ApiContext, caller: Caller, batch_id: str,
                       endpoints: tuple[str, ...], what: str = "batch") -> Any:
     """The caller's batch of one of these endpoints (an Anthropic batch is not an OpenAI
     one and the other way round), else 404."""
-    row = await ctx.db(ctx.store.get_batch, batch_id)
+    # NOTE: an id no batch can have is not looked up (Postgres refuses a NUL in a query)
+    row = await ctx.db(ctx.store.get_batch, batch_id) if ID_RE.match(batch_id) else None
     if row is None or not owns(caller, row.owner) or row.endpoint not in endpoints:
         raise not_found(what, batch_id)
     return row
@@ -71,7 +73,11 @@ async def list_batches(ctx: Ctx, caller: Caller,
                        after: Annotated[str | None, Query(max_length=128)] = None,
                        limit: Annotated[int, Query(ge=1, le=100)] = 20) -> Response:
     if after is not None:
-        await owned_batch(ctx, caller, after, OPENAI_ENDPOINTS)
+        try:
+            await owned_batch(ctx, caller, after, OPENAI_ENDPOINTS)
+        except APIError:
+            raise APIError(404, f"after: no batch {after!r:.140} to page from; list again "
+                                "without `after`", param="after", code="not_found") from None
     rows = await ctx.db(lambda: ctx.store.list_batches(
         owner=caller.owner, after=after, limit=limit + 1, endpoint=OPENAI_ENDPOINTS))
     page = [batch_jobs.batch_object(r) for r in rows[:limit]]

@@ -34,13 +34,15 @@ from inflight.api.streams import ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
 from inflight.schemas import ErrorEvent, FinalEvent, TokenEvent
 from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
-                            ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG)
+                            ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG)
+from inflight.schemas.tool_stream import ToolCallStream
 from inflight.store import queued_row
 from inflight.store.owned import release_request
 
 router = APIRouter(route_class=ApiRoute, tags=["chat"], responses=OPENAI_ERRORS)
 
-_CLIENT_ERRORS = {ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG}
+_CLIENT_ERRORS = {ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
+                  ERR_PROMPT_TOO_LONG}
 
 
 def error_status(event: ErrorEvent) -> APIError:
@@ -89,8 +91,9 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
         stream.close()
         raise
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return StreamResponse(_chunks(ctx, rid, model, first, stream, include_usage), stream,
-                          on_unfinished=lambda: cancel_quietly(ctx, rid))
+    calls = ToolCallStream(rid) if req.tools is not None and req.tool_choice != "none" else None
+    return StreamResponse(_chunks(ctx, rid, model, first, stream, include_usage, calls),
+                          stream, on_unfinished=lambda: cancel_quietly(ctx, rid))
 
 
 async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None) -> ApiStream:
@@ -147,7 +150,10 @@ async def _next(ctx: ApiContext, stream: ApiStream) -> Any:
 
 
 async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any,
-                  stream: ApiStream, include_usage: bool) -> AsyncIterator[bytes]:
+                  stream: ApiStream, include_usage: bool,
+                  calls: ToolCallStream | None = None) -> AsyncIterator[bytes]:
+    """`calls`: the request has tools; its text deltas go out as content and tool-call
+    deltas (schemas.tool_stream), and a request that called ends with "tool_calls"."""
     created = int(time.time())
 
     def data(body: dict[str, Any]) -> bytes:
@@ -166,12 +172,17 @@ async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any,
                                       "type": "server_error", "param": None,
                                       "code": "restarted"}})
                 break
-            if delta:
-                yield data(chunk(rid, model, created, {"content": delta},
-                                 with_usage=include_usage))
+            for d in (calls.feed(delta) if calls is not None else [{"content": delta}]
+                      if delta else []):
+                yield data(chunk(rid, model, created, d, with_usage=include_usage))
         elif isinstance(event, FinalEvent):
-            yield data(chunk(rid, model, created, {}, finish_of(event.finish_reason),
-                             with_usage=include_usage))
+            reason = finish_of(event.finish_reason)
+            if calls is not None:
+                for d in calls.finish():
+                    yield data(chunk(rid, model, created, d, with_usage=include_usage))
+                if calls.calls and event.tool_calls and reason == "stop":
+                    reason = "tool_calls"
+            yield data(chunk(rid, model, created, {}, reason, with_usage=include_usage))
             if include_usage:
                 yield data(chunk(rid, model, created, None, usage=usage_of(event.usage),
                                  with_usage=True))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
+from urllib.parse import quote
 
 from anyio import to_thread
 from fastapi import APIRouter, File, Form, Path, Query, UploadFile
@@ -28,6 +29,7 @@ from inflight.api.models.files import FileDeleted, FileList, FileObject, file_ob
 from inflight.api.responses import json_response
 from inflight.api.routing import ApiRoute
 from inflight.api.uploads import LineCaps
+from inflight.schemas.base import ID_RE
 from inflight.store import new_file_id
 
 router = APIRouter(route_class=ApiRoute, prefix="/v1/files", tags=["files"],
@@ -65,7 +67,8 @@ async def upload_file(ctx: Ctx, caller: Caller, file: Annotated[UploadFile, File
 
 
 async def owned_file(ctx: ApiContext, caller: Caller, file_id: str):
-    row = await ctx.db(ctx.store.get_file, file_id)
+    # NOTE: an id no file can have is not looked up (Postgres refuses a NUL in a query)
+    row = await ctx.db(ctx.store.get_file, file_id) if ID_RE.match(file_id) else None
     if row is None or not owns(caller, row.owner):
         raise not_found("file", file_id)
     return row
@@ -73,12 +76,19 @@ async def owned_file(ctx: ApiContext, caller: Caller, file_id: str):
 
 @router.get("", response_model=FileList, summary="List your files, newest first")
 async def list_files(ctx: Ctx, caller: Caller,
-                     purpose: Annotated[str | None, Query(max_length=32)] = None,
-                     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+                     purpose: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_.\-]{1,32}$")] = None,
+                     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
                      after: Annotated[str | None, Query(max_length=128)] = None,
                      order: Annotated[Literal["desc"], Query()] = "desc") -> Response:
+    # NOTE: OpenAI's default page is 10,000: the SDK's `for f in files.list(): delete(f)`
+    # then reads one page, and never pages from a cursor it has just deleted
     if after is not None:
-        await owned_file(ctx, caller, after)
+        try:
+            await owned_file(ctx, caller, after)
+        except APIError:
+            raise APIError(404, f"after: no file {after!r:.140} to page from (deleted, or "
+                                "never yours); list again without `after`", param="after",
+                           code="not_found") from None
     rows = await ctx.db(lambda: ctx.store.list_files(owner=caller.owner, purpose=purpose,
                                                      limit=limit + 1, after=after))
     page = [file_object(r) for r in rows[:limit]]
@@ -115,8 +125,15 @@ async def delete_file(file_id: FileId, ctx: Ctx, caller: Caller) -> Response:
 async def file_content(file_id: FileId, ctx: Ctx, caller: Caller) -> StreamingResponse:
     row = await owned_file(ctx, caller, file_id)
     return StreamingResponse(stream_file(ctx, row.id), media_type="application/jsonl",
-                             headers={"Content-Disposition": f'attachment; filename="{row.filename}"'
-                                      .encode("latin-1", "replace").decode("latin-1")})
+                             headers={"Content-Disposition": content_disposition(row.filename)})
+
+
+def content_disposition(filename: str) -> str:
+    """`attachment` with the stored name: printable ASCII in `filename` (a quote, a control
+    character or DEL in the header would make the server drop the response), the exact
+    name as RFC 5987's `filename*`."""
+    plain = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in filename)
+    return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(filename.encode('utf-8', 'replace'), safe='')}"
 
 
 async def stream_file(ctx: ApiContext, file_id: str) -> AsyncIterator[bytes]:

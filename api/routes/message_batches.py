@@ -102,7 +102,12 @@ async def list_message_batches(ctx: Ctx, caller: Caller,
         raise APIError(400, "before_id is not supported; page forward with after_id",
                        param="before_id")
     if after_id is not None:
-        await owned_batch(ctx, caller, after_id, ENDPOINTS, "message batch")
+        try:
+            await owned_batch(ctx, caller, after_id, ENDPOINTS, "message batch")
+        except APIError:
+            raise APIError(404, f"after_id: no message batch {after_id!r:.140} to page "
+                                "from; list again without `after_id`", param="after_id",
+                           code="not_found") from None
     rows = await ctx.db(lambda: ctx.store.list_batches(
         owner=caller.owner, after=after_id, limit=limit + 1, endpoint=ENDPOINTS))
     page = [_object(ctx, r) for r in rows[:limit]]

@@ -54,7 +54,11 @@ def _check_source(src: pathlib.Path) -> tuple[dict, ModelConfig]:
         q = raw["quantization"]
         raise ModelError(f"{src} is already quantized ({q.get('scheme')} {q.get('method')}): "
                          "quantize the original, unquantized folder instead")
-    return raw, ModelConfig.from_folder(src)  # unsupported architectures / foreign formats raise
+    cfg = ModelConfig.from_folder(src)  # unsupported architectures / foreign formats raise
+    if cfg.fused_checkpoint:
+        raise ModelError(f"{src}: {cfg.family} stores q|k|v and gate|up fused (qkv_proj, "
+                         "gate_up_proj); `inflight quantize` reads them separate")
+    return raw, cfg
 
 
 def _rtn(w: torch.Tensor, quant: QuantConfig, device: str) -> QuantizedWeight:
@@ -95,6 +99,10 @@ def quantize_model(src: str | os.PathLike, out: str | os.PathLike, quant: QuantC
         raise ConfigError("--calib is for --method gptq (round-to-nearest needs no calibration text)")
 
     calibration: dict = {}
+    if quant.method == "gptq" and not cfg.is_llama2_math(seq_len):
+        raise ConfigError(f"{src}: GPTQ calibrates with a Llama-2 forward (plain RoPE, full "
+                          f"attention, SwiGLU); this {cfg.family} model's layers differ: "
+                          "use --method rtn")
     if quant.method == "gptq":
         text_path = pathlib.Path(calib) if calib is not None else None
         if text_path is not None and not text_path.is_file():

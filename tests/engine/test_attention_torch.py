@@ -32,3 +32,33 @@ def test_torch_equals_reference(q_lens, ctx_lens, dtype, tol):
     got = paged_attention_torch(*args, 0.25)
     assert got.dtype == ref.dtype and got.shape == ref.shape
     torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("window", [1, 3, 6, 50])
+@pytest.mark.parametrize("q_lens,ctx_lens", [
+    ([1, 1, 1], [1, 7, 30]),
+    ([9], [9]),
+    ([1, 5, 1, 12, 3], [17, 5, 4, 20, 3]),
+])
+def test_torch_sliding_window_equals_reference(q_lens, ctx_lens, window):
+    args = case(q_lens, ctx_lens, torch.float32, seed=window)
+    ref = paged_attention_ref(*args, 0.25, sliding_window=window)
+    got = paged_attention_torch(*args, 0.25, sliding_window=window)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    if window < max(ctx_lens):  # the window matters here
+        assert not torch.allclose(paged_attention_ref(*args, 0.25), ref, atol=1e-4)
+
+
+def test_reference_window_is_transformers_mask():
+    """Query at p sees keys p - W + 1 .. p: transformers' `kv_idx > q_idx - W` on top of
+    the causal mask, checked against a dense masked softmax."""
+    W, L = 4, 11
+    q, kc, vc, tables, lens, qsl = case([L], [L], torch.float32, Hq=2, Hkv=2, D=8, bs=4)
+    got = paged_attention_ref(q, kc, vc, tables, lens, qsl, 0.5, sliding_window=W)
+    pos = torch.arange(L)
+    k = kc[tables[0, pos // 4].long(), pos % 4]  # [L, H, D]
+    v = vc[tables[0, pos // 4].long(), pos % 4]
+    scores = torch.einsum("qhd,khd->hqk", q, k) * 0.5
+    visible = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - W)
+    want = torch.einsum("hqk,khd->qhd", scores.masked_fill(~visible, float("-inf")).softmax(-1), v)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -30,8 +30,9 @@ def compile_sm90(kernel, types: dict[str, str], constexprs: dict, num_warps: int
     assert shared <= H100_SHARED_BYTES, f"{kernel.fn.__name__} needs {shared} B of shared memory"
 
 
-ATTENTION_CONFIGS = (  # (NUM_SPLITS, BLOCK_M, TILE_N, GROUP, HEAD_DIM): what the wrapper picks on CUDA
-    (1, 16, 32, 4, 128), (4, 64, 32, 1, 128), (1, 64, 64, 4, 64), (4, 16, 32, 3, 128))
+ATTENTION_CONFIGS = (  # (NUM_SPLITS, BLOCK_M, TILE_N, GROUP, HEAD_DIM, SLIDING): what the wrapper picks on CUDA
+    (1, 16, 32, 4, 128, False), (4, 64, 32, 1, 128, True), (1, 64, 64, 4, 64, False),
+    (4, 16, 32, 3, 128, False), (1, 64, 32, 2, 256, True), (8, 16, 32, 2, 256, True))
 
 
 def main(dtypes=("bf16", "fp16", "fp32"), quick: bool = False) -> int:
@@ -40,13 +41,13 @@ def main(dtypes=("bf16", "fp16", "fp32"), quick: bool = False) -> int:
         attn = {n: f"*{dt}" for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr")}
         attn.update(block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32",
                     scale_log2="fp32")
-        for splits, block_m, tile_n, group, head_dim in configs:
+        for splits, block_m, tile_n, group, head_dim, sliding in configs:
             out = "*fp32" if splits > 1 else f"*{dt}"
             attn.update(out_ptr=out, m_ptr=out, l_ptr=out)
             compile_sm90(triton_attention._paged_attention_kernel, attn, dict(
                 BLOCK_SIZE=16, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim,
                 BLOCK_Q=block_m // group, BLOCK_M=block_m, TILE_N=tile_n, NUM_SPLITS=splits,
-                DOT_PRECISION="ieee" if dt == "fp32" else None))
+                SLIDING=sliding, DOT_PRECISION="ieee" if dt == "fp32" else None))
         compile_sm90(triton_attention._merge_splits_kernel,
                      dict(out_ptr=f"*{dt}", acc_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
                      dict(NUM_SPLITS=3, SPLITS_PAD=4, HEAD_DIM=128, HEAD_DIM_PAD=128))

@@ -149,3 +149,42 @@ def test_padding_rows_give_zeros(num_splits):
         assert not o.isnan().any()
         assert (o[2:] == 0).all()
         torch.testing.assert_close(o.float(), ref.float(), **TOL[torch.float32])
+
+
+def nan_outside_windows(batch, window):
+    """NaN into every cached key and value below the window of each sequence's first new
+    token: a path that reads one of them fails the comparison."""
+    bs = batch.k_cache.shape[1]
+    starts = batch.query_start_loc.tolist()
+    for b, seq_len in enumerate(batch.seq_lens.tolist()):
+        first_q = seq_len - (starts[b + 1] - starts[b])
+        for p in range(max(0, first_q - window + 1)):
+            blk, off = int(batch.block_tables[b, p // bs]), p % bs
+            batch.k_cache[blk, off] = float("nan")
+            batch.v_cache[blk, off] = float("nan")
+
+
+@pytest.mark.parametrize("window,num_splits,dtype", [
+    (8, None, torch.float32),    # shorter than a block: decodes skip whole tiles
+    (13, 4, torch.float16),      # split-KV over the window's tiles only
+    (1, None, torch.float32),    # each query sees itself only
+    (200, None, torch.float32),  # wider than every context: plain causal
+])
+def test_sliding_window(window, num_splits, dtype):
+    # decodes far past the window, a prefill chunk straddling it, a fresh prefill longer
+    # than it, a short sequence inside it; no shared blocks (a shared block below one
+    # sequence's window may be inside another's)
+    seqs = [(70, 1), (33, 9), (0, 21), (3, 2), (47, 1)]
+    batch = make_batch(seqs, block_size=8, q_heads=4, kv_heads=2, head_dim=64, dtype=dtype,
+                       seed=11)
+    nan_outside_windows(batch, window)
+    args = [t.to(DEVICE) for t in batch.args()]
+    scale = 64 ** -0.5
+    ref = paged_attention_ref(*args, scale, sliding_window=window)
+    out = paged_attention_triton(*args, scale, num_splits=num_splits, sliding_window=window)
+    assert not ref.isnan().any() and not out.isnan().any()
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
+    # the window changes the result wherever a context is longer than it
+    if window < 70:
+        full = paged_attention_ref(*[t.nan_to_num() for t in args], scale)
+        assert not torch.allclose(full[0].float(), ref[0].float(), atol=1e-3)

@@ -130,7 +130,12 @@ def test_a_byte_order_mark_is_dropped_and_the_batch_completes(store):
      b'[{"role": "user", "content": "a\\u0000b"}]}}', "NUL", "body.messages.0.content"),
     (b'{"custom_id": "x\\udc00", "method": "POST", "url": "/v1/chat/completions", "body": {}}',
      "surrogate", "custom_id"),
-], ids=["lone-surrogate", "not-utf8", "nul", "surrogate-in-custom-id"])
+    (b'{"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": {"\\ud800": 1}}',
+     "surrogate", "body.\\ud800"),
+    ('{"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": {}}'
+     .encode("utf-16-le"), "UTF-16", None),
+], ids=["lone-surrogate", "not-utf8", "nul", "surrogate-in-custom-id", "surrogate-in-a-key",
+        "utf-16"])
 def test_lines_that_cannot_be_stored_fail_validation_with_their_number(store, line, code_word,
                                                                        param):
     ctx = ctx_for(store)
@@ -140,6 +145,7 @@ def test_lines_that_cannot_be_stored_fail_validation_with_their_number(store, li
     assert [e["line"] for e in err] == [2] and code_word in err[0]["message"], err
     assert err[0]["param"] == param
     assert ctx.publisher.sent == []
+    orjson.dumps(jobs.batch_object(store.get_batch(b.id)))  # what GET /v1/batches/{id} sends
 
 
 def test_a_refused_message_batch_reports_each_request_errored(store):
@@ -163,3 +169,43 @@ def test_a_refused_message_batch_reports_each_request_errored(store):
     assert {r["result"]["type"] for r in results} == {"errored"}
     texts = [r["result"]["error"]["error"]["message"] for r in results]
     assert "context of 512" in texts[1] and texts[0].startswith("not run") and "line 2" in texts[0]
+
+
+@pytest.mark.parametrize("end", ["cancel", "expire"])
+def test_a_message_batch_ended_before_it_ran_reports_each_request(store, end):
+    """Cancelled (or expired) while validating: Anthropic's clients read an ended batch's
+    results, so every request is there, canceled or expired (not an ended batch with all
+    counts 0 and no results)."""
+    rows = [orjson.dumps({"custom_id": f"m{i}", "params": {"max_tokens": 3, "messages": [
+        {"role": "user", "content": "x"}]}}) for i in range(2)]
+    f = store.create_file([b"\n".join(rows) + b"\n"], purpose="batch", filename="a.jsonl")
+    b = jobs.create_batch(store, input_file_id=f.id, endpoint="/v1/messages")
+    ctx = ctx_for(store)
+    if end == "cancel":
+        jobs.cancel_batch(store, ctx.publisher, b.id)
+    else:
+        from tests.producers.test_batch_jobs import _age
+        _age(store, b.id, expires_at=b.created_at)
+    jobs.sweep(ctx, batch_ids=[b.id])
+    b = store.get_batch(b.id)
+    assert b.status == ("cancelled" if end == "cancel" else "expired")
+    obj = jobs.anthropic_batch_object(b, results_url="/x")
+    kind = "canceled" if end == "cancel" else "expired"
+    assert obj["processing_status"] == "ended" and obj["results_url"] == "/x"
+    assert obj["request_counts"][kind] == 2
+    out = [orjson.loads(x) for _, x in store.iter_file_lines(b.output_file_id)]
+    assert [(o["custom_id"], o["result"]["type"]) for o in out] == [("m0", kind), ("m1", kind)]
+
+
+def test_a_batch_whose_input_file_went_fails_instead_of_waiting(store):
+    """A file deleted between the batch's create and its validation (the API's 409 for a
+    file an open batch reads cannot see a batch not created yet): the enqueue task used
+    to answer "not found" and leave it `validating`, sent again by every sweep."""
+    app = worker_app(Settings(database_url=store.url), model_name="tiny")
+    b = _owned_batch(store, "alice", lines(2))
+    store.delete_file(b.input_file_id)
+    assert app.tasks[ENQUEUE_TASK].apply(args=[b.id]).get() == "failed"
+    b = store.get_batch(b.id)
+    assert b.status == "failed" and "not found" in b.errors[0]["message"], b.errors
+    assert app.tasks[ENQUEUE_TASK].apply(args=["batch_gone"]).get() == "not found"
+    app.inflight_resources.close()
