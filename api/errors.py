@@ -91,10 +91,31 @@ def error_response(request: Request, status: int, message: str, *, param: str | 
 _UNION_MEMBER = re.compile(r"^(str|int|float|bool|list|dict|constrained-[\w-]+|[\w-]+\[.*\])$")
 
 
+# a message's role is the tag of a discriminated union: pydantic puts it after the list
+# index (`messages.0.user.content`), where the client wrote `messages.0.content`
+_ROLE_TAGS = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
 def _loc(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")
-             and not (isinstance(p, str) and _UNION_MEMBER.match(p))]
+    parts: list[str] = []
+    prev: Any = None
+    for p in loc:
+        skip = (p in ("body", "query", "path", "header")
+                or (isinstance(p, str) and _UNION_MEMBER.match(p))
+                or (isinstance(prev, int) and p in _ROLE_TAGS))
+        if not skip:
+            parts.append(str(p))
+        prev = p
     return ".".join(parts) if parts else None  # (a key may be "")
+
+
+def validation_code(exc: RequestValidationError) -> str:
+    """The first error's own code when it has one (a schema the grammar engine refuses:
+    invalid_schema), else invalid_request."""
+    errors = exc.errors()
+    cause = (errors[0].get("ctx") or {}).get("error") if errors else None
+    code = getattr(cause, "code", None)
+    return code if isinstance(code, str) else "invalid_request"
 
 
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -115,6 +136,7 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         text = ("the request body must be a JSON object (and the request must say "
                 "Content-Type: application/json)")
     else:
+        msg = msg.removeprefix("Value error, ")
         text = f"{param}: {msg}" if param else msg
     if len(errors) > 1:
         text += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
@@ -132,7 +154,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         text, param = validation_message(exc)
-        return error_response(request, 400, text, param=param, code="invalid_request")
+        return error_response(request, 400, text, param=param, code=validation_code(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:

@@ -11,6 +11,10 @@ request; e2e = finish - arrival; queue time = submitted (client clock) -> admitt
 the time a request waited in Kafka or behind a paused partition (observed by the worker's
 intake through `observe_queue_time`); prompt tokens are counted once per request, at its
 first token, cached ones included; generation tokens are the output tokens produced.
+Speculative decoding (vLLM's spec_decode counters): drafts = verifications that checked at
+least one draft token, draft tokens checked, accepted tokens, and accepted tokens per draft
+position (label `position`, 0-based); acceptance rate = accepted / draft tokens, mean
+accepted length = 1 + accepted / drafts.
 """
 
 from __future__ import annotations
@@ -92,8 +96,19 @@ class EngineMetrics:
         success = Counter("vllm:request_success", "finished requests by finish reason",
                           ["model_name", "finished_reason"], registry=registry)
         self.success = {reason: success.labels(model_name, reason) for reason in FINISHED}
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts",
+                                   "speculative verifications that checked at least one draft token")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "draft tokens checked")
+        self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "draft tokens accepted")
+        self._per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                "draft tokens accepted, by draft position",
+                                ["model_name", "position"], registry=registry)
+        self._model_name = model_name
         self._last_token_at: dict[str, float] = {}
-        self._totals = {"prefix_cache_queries": 0, "prefix_cache_hit_tokens": 0, "preemptions": 0}
+        self._totals = {"prefix_cache_queries": 0, "prefix_cache_hit_tokens": 0, "preemptions": 0,
+                        "spec_decode_num_drafts": 0, "spec_decode_num_draft_tokens": 0,
+                        "spec_decode_num_accepted_tokens": 0}
+        self._per_pos_totals: list[int] = []
 
     def observe_outputs(self, outputs: Iterable[Any], now: float) -> None:
         """One step's RequestOutputs; `now` = when the step returned.
@@ -156,8 +171,20 @@ class EngineMetrics:
         self.kv_usage.set(stats.get("kv_blocks_used", 0) / total if total else 0.0)
         for key, counter in (("prefix_cache_queries", self.prefix_queries),
                              ("prefix_cache_hit_tokens", self.prefix_hits),
-                             ("preemptions", self.preemptions)):
+                             ("preemptions", self.preemptions),
+                             ("spec_decode_num_drafts", self.spec_drafts),
+                             ("spec_decode_num_draft_tokens", self.spec_draft_tokens),
+                             ("spec_decode_num_accepted_tokens", self.spec_accepted)):
             value = stats.get(key, 0)
             if value > self._totals[key]:
                 counter.inc(value - self._totals[key])
             self._totals[key] = value
+        per_pos = stats.get("spec_decode_accepted_per_pos") or []
+        seen = self._per_pos_totals
+        for pos in range(len(seen), len(per_pos)):  # every position exported, from 0
+            self._per_pos.labels(self._model_name, str(pos))
+            seen.append(0)
+        for pos, value in enumerate(per_pos):
+            if value > seen[pos]:
+                self._per_pos.labels(self._model_name, str(pos)).inc(value - seen[pos])
+                seen[pos] = value

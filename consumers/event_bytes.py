@@ -31,7 +31,8 @@ def status_event(request_id: str, attempt: str, worker: str, at: float) -> bytes
 
 def final_event(request_id: str, attempt: str, out: Any, *, worker: str,
                 batch_id: str | None, submitted_at: float | None, queued_at: float,
-                logprobs: dict | None = None, prompt_logprobs: list | None = None) -> bytes:
+                logprobs: dict | None = None, prompt_logprobs: list | None = None,
+                tool_calls: list | None = None) -> bytes:
     """The FinalEvent of a finished engine output (`out`: engine RequestOutput); the
     logprobs, when the request asked, already in OpenAI's shapes (engine_bridge.LogprobShaper)."""
     prompt = out.num_prompt_tokens
@@ -49,6 +50,8 @@ def final_event(request_id: str, attempt: str, out: Any, *, worker: str,
         event["logprobs"] = logprobs
     if prompt_logprobs is not None:
         event["prompt_logprobs"] = prompt_logprobs
+    if tool_calls is not None:
+        event["tool_calls"] = tool_calls
     return orjson.dumps(event)
 
 

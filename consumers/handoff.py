@@ -37,6 +37,7 @@ class Admitted:
     raw: bytes | None = None                 # the request as received, for the DLQ should the
     headers: list[tuple[Any, Any]] = field(default_factory=list)  # engine refuse its input
     key: bytes | None = None
+    tools: bool = False                      # read tool calls out of the answer
 
 
 @dataclass(slots=True)

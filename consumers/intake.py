@@ -38,6 +38,7 @@ from kafka.structs import OffsetAndMetadata
 
 from inflight.consumers.cancel import CancelledBatches, CancelListener
 from inflight.consumers.engine_loop import EngineLoop
+from inflight.consumers.engine_bridge import chat_inputs
 from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.handoff import (ABORTED, ACKED, ADMIT, FINISHED, HAND_BACK, REJECT, Aborted,
                                Admitted, Rejected)
@@ -120,6 +121,11 @@ class Intake:
         self._commits: queue.SimpleQueue = queue.SimpleQueue()   # async commit outcomes
         self._commit_in_flight = False
         self._commit_future: Any = None
+
+    @property
+    def template_takes_tools(self) -> bool:
+        tok = getattr(getattr(self.engine, "engine", None), "tokenizer", None)
+        return bool(getattr(tok, "takes_tools", False))
 
     # -- lifecycle ------------------------------------------------------------------------
     def open(self) -> "Intake":
@@ -254,8 +260,8 @@ class Intake:
                                                req.submitted_at, now)))
             return
         params = req.params  # the engine's SamplingParams, validated when decoded
-        messages = ([m.model_dump(mode="json", exclude_none=True) for m in req.messages]
-                    if req.messages is not None else None)
+        messages, extra = chat_inputs(req, self.template_takes_tools)
+        uses_tools = req.tools is not None and req.tool_choice != "none"
         self._add_job(Job(ticket, rid, attempt, tp, [(tp, rec.offset)], running=True,
                           batch_id=req.batch_id))
         self.running += 1
@@ -263,10 +269,10 @@ class Intake:
         self._publish((ADMIT, Admitted(
             ticket, rid, attempt, req.wants_stream, req.batch_id, req.submitted_at, now,
             _source(tp, rec.offset), raw=rec.value, headers=list(rec.headers or []),
-            key=rec.key)))
+            key=rec.key, tools=uses_tools)))
         self.engine.add(attempt, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                         params=params, priority=req.priority, messages=messages,
-                        arrival_time=now)
+                        arrival_time=now, **extra)
         self.metrics.inc("admitted")
         if self.engine_metrics is not None:
             self.engine_metrics.observe_queue_time(now - req.submitted_at)

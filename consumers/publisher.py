@@ -43,6 +43,7 @@ from inflight.consumers.handoff import (ABORTED, ADD_FAILED, ADMIT, DROPPED, FIN
 from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.metrics import Metrics
 from inflight.schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, Settings
+from inflight.schemas.tools import parse_tool_calls
 
 log = logging.getLogger("inflight.worker")
 
@@ -352,10 +353,12 @@ class EventPublisher:
         try:
             lps, prompt_lps = (self.shape_logprobs(out) if self.shape_logprobs is not None
                                else (None, None))
+            calls = parse_tool_calls(out.text, job.request_id)[1] if job.tools else []
             value = event_bytes.final_event(job.request_id, job.attempt, out, worker=self.worker,
                                             batch_id=job.batch_id, submitted_at=job.submitted_at,
                                             queued_at=job.queued_at, logprobs=lps,
-                                            prompt_logprobs=prompt_lps)
+                                            prompt_logprobs=prompt_lps,
+                                            tool_calls=calls or None)
         except (orjson.JSONEncodeError, TypeError) as exc:
             self._engine_error(st, ERR_INTERNAL, f"the final event could not be encoded: {exc}")
             return

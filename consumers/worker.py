@@ -196,11 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--kv-cache-mb", type=int, default=None)
     p.add_argument("--device", default=None)
+    p.add_argument("--tensor-parallel-size", type=int, default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
     settings = Settings()
-    engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device)
+    engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
+                          tensor_parallel_size=args.tensor_parallel_size)
     return run_worker(settings, engine)
 
 
@@ -210,7 +212,12 @@ def run_worker(settings: Settings, engine: Any) -> int:
     worker = Worker(settings, engine)
     worker.install_signal_handlers()
     settle_heap()
-    worker.run()
+    try:
+        worker.run()
+    finally:
+        close = getattr(engine, "close", None)  # its tensor-parallel ranks, if any
+        if close is not None:
+            close()
     return 0
 
 

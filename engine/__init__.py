@@ -19,6 +19,7 @@ _EXPORTS = {
     "RequestOutput": "inflight.engine.outputs",
     "SamplingParams": "inflight.engine.sampling_params",
     "SamplingParamsError": "inflight.engine.sampling_params",
+    "StructuredOutputs": "inflight.engine.structured_outputs",
 }
 
 __all__ = list(_EXPORTS)
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from inflight.engine.engine import DuplicateRequestError, Engine
     from inflight.engine.outputs import RequestOutput
     from inflight.engine.sampling_params import SamplingParams, SamplingParamsError
+    from inflight.engine.structured_outputs import StructuredOutputs
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.engine.errors import ConfigError
+from inflight.engine.spec.config import SpeculativeConfig
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -25,7 +26,8 @@ class EngineConfig:
       of the device's memory (engine/kv_sizing.py; the figures are logged); elsewhere 1 GiB.
     - `max_num_seqs`: most requests running at once; `max_num_batched_tokens`: tokens per
       forward pass (the step budget; longer prompts are prefilled in chunks).
-    - `max_model_len`: context cap (default: the checkpoint's max_position_embeddings).
+    - `max_model_len`: context cap (default: the checkpoint's context, max_position_embeddings;
+      YaRN configs: original length x factor when longer).
     - `max_preemptions`: a request preempted more often than this fails with an error.
     - `kernels`: "torch" | "triton" | None (see kernels.ops.resolve_backend).
     - `debug_checks`: verify block-pool invariants after every step and poison freed
@@ -34,7 +36,18 @@ class EngineConfig:
       graphs (None: on for CUDA with the Triton kernels; `INFLIGHT_CUDA_GRAPHS=0` turns the
       default off). True on CPU runs the same padded path eagerly (tests).
     - `overlap_outputs`: process a step's outputs (detokenize, stop checks) while the
-      next step runs on the device, one step ahead (None: on for CUDA).
+      next step runs on the device, one step ahead (None: on for CUDA). Steps that
+      speculate run synchronously (their drafts need the step before's tokens).
+    - `tensor_parallel_size`: ranks the model is sharded over (Megatron-style, engine/parallel):
+      this process is rank 0 and starts the others; on CUDA rank r runs on cuda:(i + r)
+      for `device` cuda:i. The KV budget (`kv_cache_bytes`) is per rank.
+    - `distributed_executor_backend`: "uni" (one process, no tensor-parallel code; the
+      default at size 1) or "mp" (rank processes; the default above 1; at size 1 it runs
+      the tensor-parallel code path with no other rank: benchmarks/tensor_parallel.py).
+    - `speculative_config`: speculative decoding with vLLM's keys, as a dict, its JSON
+      text or a SpeculativeConfig (engine/spec/config.py), e.g. {"method": "ngram",
+      "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4};
+      None = off. Stored as a SpeculativeConfig.
     """
 
     model: str | os.PathLike
@@ -54,8 +67,14 @@ class EngineConfig:
     debug_checks: bool = False
     cuda_graphs: bool | None = None
     overlap_outputs: bool | None = None
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    speculative_config: SpeculativeConfig | dict | str | None = None
 
     def __post_init__(self) -> None:
+        if self.speculative_config is not None:
+            object.__setattr__(self, "speculative_config",
+                               SpeculativeConfig.from_value(self.speculative_config))
         if self.dtype not in DTYPES:
             raise ConfigError(f"EngineConfig.dtype={self.dtype!r} is not supported; "
                               f"use one of {sorted(DTYPES)}")
@@ -75,10 +94,27 @@ class EngineConfig:
             raise ConfigError(f"EngineConfig.max_model_len={self.max_model_len} must be >= 2")
         if self.max_preemptions < 0:
             raise ConfigError(f"EngineConfig.max_preemptions={self.max_preemptions} must be >= 0")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"EngineConfig.tensor_parallel_size={self.tensor_parallel_size} must be >= 1")
+        if self.speculative_config is not None and self.tensor_parallel_size > 1:
+            raise ConfigError(f"speculative_config with tensor_parallel_size={self.tensor_parallel_size} "
+                              "is not supported yet (the follower ranks run plain steps only): "
+                              "drop one of them")
+        if self.distributed_executor_backend not in (None, "uni", "mp"):
+            raise ConfigError(f"EngineConfig.distributed_executor_backend="
+                              f"{self.distributed_executor_backend!r}: use 'uni' or 'mp' (or None)")
+        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
+            raise ConfigError(f"EngineConfig.tensor_parallel_size={self.tensor_parallel_size} needs "
+                              "distributed_executor_backend 'mp' (or None), not 'uni' (one process)")
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether the model runs sharded (engine/parallel), possibly over one rank."""
+        return self.tensor_parallel_size > 1 or self.distributed_executor_backend == "mp"
 
     @property
     def is_cuda(self) -> bool:
@@ -89,7 +125,10 @@ class EngineConfig:
         if self.cuda_graphs is not None:
             return self.cuda_graphs
         env = os.environ.get("INFLIGHT_CUDA_GRAPHS", "1").strip().lower()
-        return self.is_cuda and kernels == "triton" and env not in ("0", "false", "off", "no")
+        # NOTE: not across ranks (yet): a captured graph would hold the collectives of one
+        # rank, and the followers would have to replay theirs in step
+        return (self.is_cuda and kernels == "triton" and self.tensor_parallel_size == 1
+                and env not in ("0", "false", "off", "no"))
 
     def resolve_overlap_outputs(self) -> bool:
         return self.is_cuda if self.overlap_outputs is None else self.overlap_outputs

@@ -45,14 +45,17 @@ from inflight.engine.kv_cache_manager import KVCacheManager
 from inflight.engine.logprobs import ScoreOutput, StepLogprobs, TokenLogprob, extend_prompt_logprobs
 from inflight.engine.model_runner import StepHandle
 from inflight.engine.outputs import RequestOutput
+from inflight.engine.parallel import TensorParallelGroup
 from inflight.engine.request import Request, RequestStatus
 from inflight.engine.sampling_params import SamplingParams
-from inflight.engine.scheduler import Scheduler
+from inflight.engine.scheduler import Scheduler, SchedulerOutput
+from inflight.engine.spec.build import build_spec_decoder
 from inflight.engine.startup import build_device_side
 from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
-from inflight.engine.errors import InflightError
+from inflight.engine.errors import EngineDeadError, InflightError
 from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
+from inflight.engine.grammar_queue import GrammarQueue
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +69,21 @@ class ScoreError(InflightError, ValueError):
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, *, memory_probe: MemoryProbe | None = None):
+    def __init__(self, config: EngineConfig, *, memory_probe: MemoryProbe | None = None,
+                 parallel_group: TensorParallelGroup | None = None):
         """`memory_probe` measures device memory for sizing the KV cache (default: torch's
-        CUDA allocator, on CUDA); a fake one runs the sizing on CPU (tests)."""
+        CUDA allocator, on CUDA); a fake one runs the sizing on CPU (tests).
+        `parallel_group`: a running tensor-parallel group to load onto (engines one after
+        another on the same ranks: tests, benchmarks); by default the engine starts its own
+        when `config.tensor_parallel_size` > 1 and stops it in `close()`."""
         self.config = config
         self.device = resolve_device(config.device)
         self.scope = DeviceScope(self.device)
         folder = pathlib.Path(config.model)
         with self.scope:
-            side = build_device_side(config, folder, self.scope, memory_probe)
+            side = build_device_side(config, folder, self.scope, memory_probe, parallel_group)
         self.ops, self.model, self.runner = side.ops, side.model, side.runner
+        self.parallel = side.parallel
         self.num_kv_blocks, self.cuda_graphs, self.kv_plan = side.num_kv_blocks, side.cuda_graphs, side.kv_plan
         self.max_model_len = self.model.max_model_len
         self.block_size = config.block_size
@@ -92,6 +100,16 @@ class Engine:
         self._gen_ids = itertools.count()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
+        self.spec = build_spec_decoder(config, self)  # None without a speculative_config
+        # constrained requests whose grammar is compiling (not queued yet)
+        self.grammars = GrammarQueue(self.tokenizer, self.model.config.vocab_size, self.runner)
+
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel ranks (or release a group it was given); a
+        one-process engine has nothing to close. The engine cannot step afterwards."""
+        if self.parallel is not None:
+            self.parallel.release()
+            self.parallel = None
 
     def bind_thread(self) -> None:
         """Make this engine's device current on the calling thread for good (the thread
@@ -103,10 +121,11 @@ class Engine:
                     prompt_token_ids: Sequence[int] | None = None,
                     params: SamplingParams | None = None, priority: int = 0, *,
                     messages: Sequence[dict] | None = None, arrival_time: float | None = None,
-                    extra_keys: tuple = ()) -> None:
+                    extra_keys: tuple = (), tools: Sequence[dict] | None = None) -> None:
         """Queue a request (text `prompt`, `prompt_token_ids`, or chat `messages`). Lower
         `priority` values are served first. Problems with the request itself surface as a
-        final output with finish_reason "error" at the next step."""
+        final output with finish_reason "error" at the next step. `tools`: OpenAI function
+        definitions for a chat template that renders them (`tokenizer.takes_tools`)."""
         if request_id in self.requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already active in this "
                                         "engine; wait for its final output or abort it first")
@@ -116,7 +135,7 @@ class Engine:
             if prompt_token_ids is None:
                 if messages is not None:
                     # the template already holds any BOS it wants (as in HF's apply_chat_template)
-                    text = self.tokenizer.apply_chat_template(messages)
+                    text = self.tokenizer.apply_chat_template(messages, tools=tools)
                     prompt_token_ids = self.tokenizer.encode(text, add_special_tokens=False)
                 else:
                     prompt_token_ids = self.tokenizer.encode(prompt) if prompt else []
@@ -136,7 +155,18 @@ class Engine:
             req.generator.manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
         self.requests[request_id] = req
-        self.scheduler.add(req)
+        if params.structured_outputs is not None:
+            self.grammars.submit(req)  # queued once compiled (_admit_compiled)
+        else:
+            self.scheduler.add(req)
+
+    def _admit_compiled(self, outputs: list[RequestOutput]) -> None:
+        """Queue the requests whose grammar is compiled; end those whose grammar failed."""
+        ready, failed = self.grammars.take_ready()
+        for req in ready:
+            self.scheduler.add(req)
+        for req, message, code in failed:
+            outputs.append(self._finish(req, "error", message, code))
 
     def _validate(self, req: Request) -> tuple[str, str] | None:
         """(error code, message) when the request cannot run here, else None."""
@@ -183,13 +213,28 @@ class Engine:
 
     def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        if self.grammars.waiting:
+            self._admit_compiled(outputs)
+            if self.grammars.waiting and not outputs and not self.scheduler.has_unfinished() \
+                    and self._inflight is None:
+                self.grammars.nap()
+                self._admit_compiled(outputs)
         if self.overlap:
-            return self._step_overlapped(outputs)
+            if self.spec is None or not self.spec.may_speculate(self.scheduler.running):
+                return self._step_overlapped(outputs)
+            # NOTE: drafts are proposed from the last step's tokens: a step that may
+            # speculate runs synchronously, after the step in flight is processed
+            prev, self._inflight = self._inflight, None
+            if prev is not None:
+                self._process(prev, outputs)
         if not self.scheduler.has_unfinished():
             return outputs
-        sched = self._schedule(outputs)
+        drafts = self.spec.propose(self.scheduler.running) if self.spec is not None else None
+        sched = self._schedule(outputs, drafts)
         if sched.is_empty:
             return outputs
+        if sched.spec_token_ids:
+            sched.draft_probs = self.spec.draft_probs(sched)
         try:
             handle, tokens = self.runner.execute(sched)
         except Exception as exc:  # noqa: BLE001 - one bad pass must not kill the engine's caller
@@ -198,11 +243,14 @@ class Engine:
             return outputs
         samplers = handle.samplers
         self._advance(sched, len(samplers))
+        if handle.emitted is not None:
+            self.spec.roll_back(sched, handle, tokens, self.kv, self.runner.batch)
         self._cache_completed(handle)
         now = time.time()
         lps = self._take_logprobs(handle.logprobs)
+        accept = self._accept_run if handle.emitted is not None else self._accept_token
         for req, token in zip(samplers, tokens):
-            outputs.append(self._accept_token(req, token, now, lps.get(req)))
+            outputs.append(accept(req, token, now, lps.get(req)))
         if self.config.debug_checks:
             self.kv.check_invariants(list(self.requests.values()))
         return outputs
@@ -216,6 +264,11 @@ class Engine:
         finish was computed once more in N+1: that token is dropped (it is finished)."""
         launched, failed = None, None
         sched = None
+        if self._inflight is not None and self._inflight.constrained:
+            # NOTE: a constrained request's next mask needs the token the step in flight
+            # samples: process that step first (no overlap while grammars run)
+            prev, self._inflight = self._inflight, None
+            self._process(prev, outputs)
         if self.scheduler.has_unfinished():
             sched = self._schedule(outputs)
             if not sched.is_empty:
@@ -253,8 +306,8 @@ class Engine:
             req.num_pending -= 1
             outputs.append(self._accept_token(req, token, now, lps.get(req)))
 
-    def _schedule(self, outputs: list[RequestOutput]):
-        sched = self.scheduler.schedule()
+    def _schedule(self, outputs: list[RequestOutput], drafts: dict | None = None) -> SchedulerOutput:
+        sched = self.scheduler.schedule(drafts)
         for req in sched.preempted:
             self.runner.remove(req)
         for req in sched.failed:
@@ -267,12 +320,15 @@ class Engine:
     def _advance(self, sched, num_sampled: int) -> None:
         """The scheduled tokens' K/V are (being) computed: move the requests forward."""
         decodes = 0
+        spec = sched.spec_token_ids
         for req, n in zip(sched.requests, sched.num_tokens):
             req.num_computed_tokens += n
             # a decode: one token, after some output, catching up with all tokens
             if n == 1 and (req.output_token_ids or req.num_pending) and \
                     req.num_computed_tokens == req.num_tokens + req.num_pending:
                 decodes += 1
+            elif spec and req in spec:  # a verification: the last token and its drafts
+                decodes += n
         self.counters.record_step(sched.total_tokens, decodes, len(sched.requests), num_sampled)
 
     def _cache_completed(self, handle: StepHandle) -> None:
@@ -290,6 +346,8 @@ class Engine:
                     self.kv.cache_full_blocks(req, done)
 
     def _fail(self, reqs: list[Request], exc: Exception, outputs: list[RequestOutput]) -> None:
+        if isinstance(exc, EngineDeadError):  # no next step can succeed: the caller must stop
+            raise exc
         for req in reqs:
             outputs.append(self._finish(req, "error", f"forward pass failed: {exc!r}", ERR_ENGINE))
 
@@ -303,8 +361,9 @@ class Engine:
                 extend_prompt_logprobs(req, first, entries)
         return step.by_request
 
-    def _accept_token(self, req: Request, token: int, now: float,
-                      logprob: TokenLogprob | None = None) -> RequestOutput:
+    def _append_token(self, req: Request, token: int, now: float,
+                      logprob: TokenLogprob | None) -> str | None:
+        """Add one output token; returns the finish reason it causes, if any."""
         if req.logprobs is not None:
             req.logprobs.append(logprob)
         req.output_token_ids.append(token)
@@ -312,18 +371,52 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = now
         params = req.params
-        reason = None
+        grammar = req.grammar
+        if grammar is not None and not grammar.accept(token):
+            req.error = (f"the grammar refused sampled token {token} ({grammar.error}): "
+                         "the mask was not applied")
+            return "error"
         if token in self.eos_token_ids and not params.ignore_eos:
-            reason = "stop"
-        elif token in params.stop_token_ids:
-            reason = "stop"
-        elif req.detok.add_token(token):
-            reason = "stop"
-        elif len(req.all_token_ids) >= req.max_num_tokens:
-            reason = "length"
+            return "stop"
+        if token in params.stop_token_ids:
+            return "stop"
+        if req.detok.add_token(token):
+            return "stop"
+        if grammar is not None and grammar.terminated:
+            return "stop"  # the grammar is complete: only EOS could follow
+        if len(req.all_token_ids) >= req.max_num_tokens:
+            return "length"
+        return None
+
+    def _finish_for(self, req: Request, reason: str) -> RequestOutput:
+        """Finish req for what its last token caused (an error: the grammar refused it)."""
+        if reason == "error":
+            return self._finish(req, "error", req.error, ERR_ENGINE)
+        return self._finish(req, reason, None)
+
+    def _accept_run(self, req: Request, tokens: list[int], now: float,
+                    logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
+        """A verification's tokens, in order; the first that finishes the request ends
+        it there, exactly where plain decoding would have stopped."""
+        for j, token in enumerate(tokens):
+            reason = self._append_token(req, token, now, None if logprobs is None else logprobs[j])
+            if reason is not None:
+                out = self._finish_for(req, reason)
+                out.new_token_ids = tokens[:j + (reason != "error")]
+                return out
+        delta = req.detok.take_delta(False)
+        return RequestOutput(req.request_id, tokens, delta, tokens, delta, False, None, None,
+                             req.num_prompt_tokens, max(req.num_cached_tokens, 0), [],
+                             req.arrival_time, req.first_token_time, None, req.num_preemptions,
+                             logprobs=logprobs)
+
+    def _accept_token(self, req: Request, token: int, now: float,
+                      logprob: TokenLogprob | None = None) -> RequestOutput:
+        reason = self._append_token(req, token, now, logprob)
         if reason is not None:
-            out = self._finish(req, reason, None)
-            out.new_token_ids = [token]
+            out = self._finish_for(req, reason)
+            if reason != "error":
+                out.new_token_ids = [token]
             return out
         # NOTE: a delta: token_ids/text are the delta too (see RequestOutput)
         new, delta = [token], req.detok.take_delta(False)
@@ -334,6 +427,9 @@ class Engine:
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 error_code: str | None = None) -> RequestOutput:
+        if self.spec is not None and reason in ("stop", "length"):
+            self.spec.finished(req)
+        self.grammars.discard(req)  # if still compiling
         self.scheduler.remove(req)
         self.runner.remove(req)
         self.requests.pop(req.request_id, None)
@@ -387,4 +483,8 @@ class Engine:
                             [None] + [e.logprob for e in o.prompt_logprobs[1:]]) for o in outs]
 
     def stats(self) -> dict:
-        return self.counters.snapshot(self.kv, self.scheduler)
+        out = self.counters.snapshot(self.kv, self.scheduler)
+        out.update(self.grammars.stats())
+        if self.spec is not None:
+            out.update(self.spec.stats.snapshot())
+        return out

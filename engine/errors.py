@@ -25,6 +25,12 @@ class ModelError(InflightError):
     """A model folder is missing, incomplete, or of an unsupported architecture."""
 
 
+class EngineDeadError(InflightError):
+    """The engine cannot run another step (a tensor-parallel rank died): a step raises it
+    instead of failing its requests, and the process serving the engine should exit (a
+    worker stops; its requests are redone elsewhere)."""
+
+
 # Codes a request's error final carries (ErrorEvent.code on the wire, RequestOutput.error_code
 # in the engine): an open lowercase identifier, so a new code needs no schema change.
 ERR_INVALID_REQUEST = "invalid_request"   # not JSON / wrong schema / unknown fields
@@ -35,3 +41,4 @@ ERR_INTERNAL = "internal_error"
 ERR_CANCELLED = "cancelled"
 ERR_EXPIRED = "expired"
 ERR_STORE_REJECTED = "store_rejected"     # the database refused the request's row (recorder)
+ERR_INVALID_SCHEMA = "invalid_schema"     # structured_outputs: a schema / regex / grammar that does not compile

@@ -103,6 +103,21 @@ class InputBatch:
         self.num_blocks[row] = 0
         self._free.append(row)
 
+    def truncate(self, req: Request) -> None:
+        """req gave back its tail blocks (KVCacheManager.trim after a speculative
+        verification): forget them, so the blocks it gains next are written again."""
+        row = self.row_of.get(req)
+        if row is None:
+            return
+        old, new = self.num_blocks[row], len(req.block_ids)
+        if new >= old:
+            return
+        self.num_blocks[row] = new
+        if self.poison:  # the freed blocks may be another request's soon: padding ids
+            self.block_table[row, new:old] = 0
+            if not self.shared:
+                self._push(row, new, [0] * (old - new))
+
     def append_blocks(self, req: Request, row: int) -> None:
         """Write the block ids req gained since its row was last written."""
         old, ids = self.num_blocks[row], req.block_ids

@@ -5,9 +5,11 @@ The scheduler asks two questions of it and never touches blocks itself:
     find_cached_prefix(req)   -> the leading blocks of req already in the cache
     allocate_slots(req, n, …) -> room for n more tokens (False: out of blocks, preempt)
 
-NOTE: block tables are append-only while a request runs; only full blocks are ever shared,
-and a request writes only at positions >= num_computed_tokens, which lie in its private
-blocks, so two requests never write into a shared block.
+NOTE: block tables are append-only while a request runs, but for one thing: after a
+speculative verification `trim` frees the tail blocks that hold only rejected drafts
+(never a shared or cached block: those hold computed, verified tokens only). Only full
+blocks are ever shared, and a request writes only at positions >= num_computed_tokens,
+which lie in its private blocks, so two requests never write into a shared block.
 """
 
 from __future__ import annotations
@@ -132,6 +134,14 @@ class KVCacheManager:
             req.blocks.extend(new)
             req.block_ids.extend(b.block_id for b in new)
         return True
+
+    def trim(self, req: Request) -> None:
+        """Free req's tail blocks past its computed tokens (they hold only rejected drafts)."""
+        keep = self.blocks_for(req.num_computed_tokens)
+        if len(req.blocks) > keep:
+            self.pool.free(req.blocks[keep:][::-1])
+            del req.blocks[keep:]
+            del req.block_ids[keep:]
 
     def free(self, req: Request) -> None:
         """Release all of req's blocks, tail first, and forget its progress."""

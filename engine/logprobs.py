@@ -5,7 +5,9 @@ ones before it), and `Engine.score`'s result.
 NOTE: these are the model's own log-probabilities, log_softmax of the raw logits, before
 temperature, top-k and top-p (vLLM's default "raw" logprobs): a sampled token's logprob
 says how likely the model found it, whatever the sampling settings, and perplexity needs
-exactly these.
+exactly these. For a constrained request (structured_outputs) they are of the masked
+distribution: log_softmax over the tokens its grammar allows at that position (the others
+are -inf, and never listed among the alternatives).
 """
 
 from __future__ import annotations
@@ -80,11 +82,14 @@ class LogprobRows:
         tlp = self.top_logprobs.tolist() if self.top_logprobs is not None else None
         out = []
         for i, (tok, n) in enumerate(zip(targets, ns)):
-            top = tuple(zip(ids[i][:n], tlp[i][:n])) if n and ids is not None else ()
+            # a constrained row's forbidden tokens are -inf: never among the alternatives
+            top = tuple((t, v) for t, v in zip(ids[i][:n], tlp[i][:n]) if v != NEG_INF) \
+                if n and ids is not None else ()
             out.append(TokenLogprob(tok, lps[i], ranks[i], top))
         return out
 
 
+NEG_INF = float("-inf")
 PROMPT_CHUNK = 256  # prompt rows per LM-head piece: bounds the [rows, vocab] logits
 
 
@@ -105,6 +110,7 @@ class StepLogprobs:
     prompt_targets: list[int]
     prompt_ns: list[int]
     prompt: LogprobRows | None
+    width: int = 1                   # logit rows per request (k + 1 in a verification step)
     # filled by resolve():
     by_request: dict = None          # Request -> TokenLogprob of its sampled token
     prompt_entries: list = None      # [(Request, first index, [TokenLogprob])]
@@ -113,15 +119,19 @@ class StepLogprobs:
     def compute(cls, model, logits: torch.Tensor, sampled: torch.Tensor, sample_reqs: list,
                 sample_pos: list[int], sample_idx: torch.Tensor, prompt_rows: list,
                 prompt_hidden: torch.Tensor | None, targets: list[int],
-                targets_dev: torch.Tensor) -> "StepLogprobs":
+                targets_dev: torch.Tensor, width: int = 1) -> "StepLogprobs":
         """`sample_reqs[j]` sits at logits row `sample_pos[j]` (`sample_idx`: the same on the
         device); `prompt_rows`: (request, start, stop) per request whose prompt positions
         start..stop-1 are, in order, the rows of `prompt_hidden` (position p scores prompt
-        token p + 1: `targets`, and `targets_dev` on the device).
+        token p + 1: `targets`, and `targets_dev` on the device). A verification step has
+        `width` rows per request (request i's at i * width + j, j < width): `sample_idx`
+        lists all of them, and each such request gets one entry per emitted token.
         NOTE: the index tensors come from the caller's staged copy: building them here from
         lists would be a synchronous pageable copy in the middle of a launch."""
         sample = None
         ns = [r.params.logprobs for r in sample_reqs]
+        if width > 1:
+            ns = [v for v in ns for _ in range(width)]
         if sample_pos:
             sample = LogprobRows.compute(logits[sample_idx], sampled[sample_idx], max(ns))
         spans, pns, prompt = [], [], None
@@ -135,12 +145,19 @@ class StepLogprobs:
                 LogprobRows.compute(model.compute_logits(prompt_hidden[i:i + PROMPT_CHUNK]),
                                     t[i:i + PROMPT_CHUNK], top_n)
                 for i in range(0, len(targets), PROMPT_CHUNK)])
-        return cls(sample_pos, ns, sample, spans, targets, pns, prompt)
+        return cls(sample_pos, ns, sample, spans, targets, pns, prompt, width)
 
-    def resolve(self, requests: list, tokens: list[int]) -> None:
-        """Host copies; `tokens` are the step's sampled ids, one per request."""
+    def resolve(self, requests: list, tokens: list) -> None:
+        """Host copies; `tokens` are the step's sampled ids, one per request (a list of
+        the emitted ones in a verification step: then each request gets a list of entries)."""
         self.by_request = {}
-        if self.sample is not None:
+        if self.sample is not None and self.width > 1:
+            W = self.width
+            targets = [(tokens[i] + [0] * W)[j] for i in self.sample_pos for j in range(W)]
+            entries = self.sample.to_host(targets, self.sample_ns)
+            for at, i in enumerate(self.sample_pos):
+                self.by_request[requests[i]] = entries[at * W:at * W + len(tokens[i])]
+        elif self.sample is not None:
             targets = [tokens[i] for i in self.sample_pos]
             for i, entry in zip(self.sample_pos, self.sample.to_host(targets, self.sample_ns)):
                 self.by_request[requests[i]] = entry

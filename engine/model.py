@@ -47,14 +47,15 @@ class LlamaModel:
     def __init__(self, folder: str | pathlib.Path, ops: KernelOps, dtype: torch.dtype,
                  device: str | torch.device = "cpu", max_model_len: int | None = None):
         folder = pathlib.Path(folder)
-        self.config = cfg = ModelConfig.from_folder(folder)
+        cfg, tensors = self.read_checkpoint(folder)
+        self.config = cfg
         self.ops = ops
         self.dtype = dtype
         self.device = torch.device(device)
-        self.max_model_len = min(max_model_len or cfg.max_position_embeddings,
-                                 cfg.max_position_embeddings)
+        self.max_model_len = min(max_model_len or cfg.max_context, cfg.max_context)
         self.scale = cfg.scale
-        w = load_weights(cfg, load_tensors(folder), dtype, self.device, ops.name, folder)
+        w = load_weights(cfg, tensors, dtype, self.device, ops.name, folder)
+        del tensors
         self.embed, self.norm, self.lm_head, self.layers = w.embed, w.norm, w.lm_head, w.layers
         self.embed_scale = (None if cfg.embed_scale is None else
                             torch.tensor(cfg.embed_scale, dtype=dtype, device=self.device))
@@ -69,6 +70,11 @@ class LlamaModel:
         self.act = ops.silu_and_mul if cfg.activation == "silu" else gelu_tanh_and_mul_ref
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
+
+    def read_checkpoint(self, folder: pathlib.Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+        """The config the forward runs and the checkpoint's tensors (a tensor-parallel rank:
+        its heads and its slices, engine/parallel/sharded_model.py)."""
+        return ModelConfig.from_folder(folder), load_tensors(folder)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         c = self.config
@@ -94,6 +100,10 @@ class LlamaModel:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
 
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = F.embedding(input_ids, self.embed)
+        return h if self.embed_scale is None else h * self.embed_scale
+
     def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                        rows: torch.Tensor) -> torch.Tensor:
@@ -102,9 +112,7 @@ class LlamaModel:
         c, ops = self.config, self.ops
         eps = c.rms_norm_eps
         T = input_ids.shape[0]
-        h = F.embedding(input_ids, self.embed)
-        if self.embed_scale is not None:
-            h = h * self.embed_scale
+        h = self.embed_tokens(input_ids)
         residual = None
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             x, residual = ops.rms_norm(h, layer.input_norm, eps, residual)

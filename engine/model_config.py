@@ -146,6 +146,18 @@ class ModelConfig:
         return self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
 
     @property
+    def max_context(self) -> int:
+        """The longest context the checkpoint runs: max_position_embeddings, or a YaRN
+        layer's original length x factor when longer (Qwen2.5 enables 128k by adding
+        rope_scaling to a 32k config; YaRN's frequencies do not depend on the length)."""
+        longest = self.max_position_embeddings
+        for layer in self.layers:
+            r = layer.rope
+            if r.rope_type == "yarn" and r.factor and r.original_max_position_embeddings:
+                longest = max(longest, int(r.original_max_position_embeddings * r.factor))
+        return longest
+
+    @property
     def sliding_windows(self) -> tuple[int | None, ...]:
         return tuple(layer.sliding_window for layer in self.layers)
 

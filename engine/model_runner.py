@@ -54,6 +54,8 @@ from inflight.engine.model import AttentionMetadata, LlamaModel
 from inflight.engine.request import Request
 from inflight.engine.sampler import SamplingBatch, sample
 from inflight.engine.scheduler import SchedulerOutput
+from inflight.engine.spec.layout import SpecLayout
+from inflight.engine.spec.rejection import verify
 from inflight.engine.staging import Staging
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,8 @@ class StepHandle:
     host_out: torch.Tensor | None = None  # pinned [n] (CUDA)
     event: torch.cuda.Event | None = None
     logprobs: StepLogprobs | None = None  # when a request asked for logprobs (resolved by result)
+    emitted: torch.Tensor | None = None  # [n, K+1] a verification step's tokens (-1 padded)
+    constrained: bool = False     # some sampler's tokens were masked by its grammar
 
 
 class StepOrderError(RuntimeError):
@@ -82,13 +86,15 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, block_size: int, seed: int, *,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  cuda_graphs: bool = False, poison: bool = False,
-                 stream: torch.cuda.Stream | None = None):
+                 stream: torch.cuda.Stream | None = None, draft: LlamaModel | None = None):
         """`cuda_graphs`: run decode-only steps padded on static buffers (recorded as CUDA
         graphs by `capture_graphs`, CUDA only; otherwise they run eagerly on the same
         buffers, and on CPU the block table and step inputs are kept in separate "device"
         buffers updated by diffs and copies, as on CUDA, so CPU tests run that logic too).
         `poison`: fill freed batch rows with an out-of-range block id (tests). `stream`:
-        the engine's stream (CUDA), where the runner's events are recorded.
+        the engine's stream (CUDA), where the runner's events are recorded. `draft`: a
+        speculative draft model (engine/spec/draft.py); every forward of the target runs it
+        on the same inputs, so its KV cache (same blocks) holds what the target's does.
         The KV cache comes after (`allocate_kv_cache`): the engine sizes it by profiling
         a step on this runner first."""
         self.model = model
@@ -98,6 +104,8 @@ class ModelRunner:
         self.stream = stream if stream is not None or not self.cuda else \
             torch.cuda.current_stream(self.device)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.draft = draft
+        self.draft_kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self.vocab_size = model.config.vocab_size
@@ -121,6 +129,7 @@ class ModelRunner:
         self._prev_index: dict = {}
         self.num_device_fed = 0  # input tokens taken from the last step's samples (overlap)
         self._greedy = SamplingBatch(torch.empty(0), None, None, [], True)
+        self.bitmasks = None  # engine.bitmask.BitmaskStage, set by enable_structured_outputs
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs:
             self.graphs = DecodeGraphs(max_num_seqs, self.device, self._decode_body, self.vocab_size)
@@ -129,12 +138,14 @@ class ModelRunner:
     # -- the KV cache and the graphs that read it ------------------------------------------
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size)
+        if self.draft is not None:
+            self.draft_kv_caches = self.draft.allocate_kv_cache(num_blocks, self.block_size)
 
     def free_kv_cache(self) -> None:
         """Drop the KV cache (the profiling one); no graph may hold it."""
         if self.graphs is not None and self.graphs.graphs:
             raise RuntimeError("the KV cache is captured in CUDA graphs: it cannot be replaced")
-        self.kv_caches = None
+        self.kv_caches = self.draft_kv_caches = None
 
     def capture_graphs(self) -> None:
         """Record the padded decode steps as CUDA graphs (on the final KV cache: a graph
@@ -142,6 +153,16 @@ class ModelRunner:
         if self.graphs is None or self.kv_caches is None:
             raise RuntimeError("capture_graphs needs cuda_graphs=True and the KV cache allocated")
         self.graphs.capture(self.batch.pad_row)
+
+    def enable_structured_outputs(self, compiler) -> None:
+        """Buffers for the constrained sequences' token bitmasks (the first constrained
+        request's admission; a runner without them never pays for them, nor imports the
+        grammar engine)."""
+        from inflight.engine.bitmask import BitmaskStage
+
+        if self.bitmasks is None:
+            self.bitmasks = BitmaskStage(compiler, self.max_num_seqs, self.device,
+                                         separate=self.staging.separate, stream=self.stream)
 
     # -- the batch's rows ----------------------------------------------------------------
     def remove(self, req: Request) -> None:
@@ -185,11 +206,17 @@ class ModelRunner:
         src_idx: list[int] = []
         samplers: list[Request] = []
         sample_pos: list[int] = []
+        masked: list = []              # (logits row, GrammarMatcher) of constrained samplers
         lp_reqs: list[Request] = []    # samplers that asked for logprobs, and their rows
         lp_pos: list[int] = []
         prompt_rows: list[tuple[Request, int, int]] = []  # (req, start, stop): prompt logprobs
         prompt_at: list[int] = []      # their token rows in the step
         prompt_targets: list[int] = []  # the prompt token each of those rows scores
+        drafts = sched.spec_token_ids
+        layout = SpecLayout(drafts) if drafts else None
+        if layout is not None and overlapped:
+            raise StepOrderError("a verification step cannot be overlapped: its drafts are "
+                                 "proposed from the tokens of the step before")
         width = 0
         pos = 0
         for i, (req, k) in enumerate(zip(reqs, ns)):
@@ -206,7 +233,14 @@ class ModelRunner:
             if nb > width:
                 width = nb
             known = req.num_tokens
-            if end > known:  # the last input is the pending token of the step in flight
+            spec = drafts.get(req) if layout is not None else None
+            if layout is not None:
+                layout.add(i, pos, k, spec)
+            if spec:  # the last token, then the drafts to verify; it samples, as a decode
+                ids.append(req.all_token_ids[start])
+                ids += spec
+                known = end
+            elif end > known:  # the last input is the pending token of the step in flight
                 ids += req.all_token_ids[start:known]
                 ids.append(0)
                 src_at.append(pos + k - 1)
@@ -224,12 +258,15 @@ class ModelRunner:
             if end == known + req.num_pending:
                 samplers.append(req)
                 sample_pos.append(i)
+                if req.grammar is not None:
+                    masked.append((i, req.grammar))
                 if req.logprobs is not None:
                     lp_reqs.append(req)
                     lp_pos.append(i)
         T = pos
         graphs = self.graphs
-        # a step with prompt rows to score runs eagerly (the graphs return n rows only)
+        # a step with prompt rows to score runs eagerly (the graphs return n rows only), and
+        # so does a verification step (T > n)
         P = graphs.padded_size(n) if graphs is not None and T == n and not prompt_rows else None
         L = P or n        # rows in the packed inputs (padded for a graph step)
         TL = P or T
@@ -238,7 +275,10 @@ class ModelRunner:
         d = batch.num_diff_entries
         random = batch.num_random > 0
         R = len(prompt_at)
-        buf = self.staging.host(2 * L + 2 * TL + n + 1 + 3 * d + 3 * n + len(lp_pos) + 2 * R)
+        W = layout.width + 1 if layout is not None else 1  # logit rows per request in `sampled`
+        lp_rows = lp_pos if W == 1 else [i * W + j for i in lp_pos for j in range(W)]
+        buf = self.staging.host(2 * L + 2 * TL + n + 1 + 3 * d + 3 * n + len(lp_rows) + 2 * R +
+                                (layout.size(n) if layout is not None else 0))
         buf[:n] = rows
         buf[n:L] = batch.pad_row
         buf[L:L + n] = seq_lens
@@ -277,11 +317,15 @@ class ModelRunner:
             else:
                 random = False
         o_lp = o  # logits rows of the logprob samplers | prompt rows | their target tokens
-        buf[o:o + len(lp_pos)] = lp_pos
-        o += len(lp_pos)
+        n_lp = len(lp_rows)
+        buf[o:o + n_lp] = lp_rows
+        o += n_lp
         buf[o:o + R] = prompt_at
         buf[o + R:o + 2 * R] = prompt_targets
         o += 2 * R
+        o_spec = o
+        if layout is not None:
+            o = layout.pack(buf, o)
         dev = self.staging.send(o)
 
         # -- device work ----------------------------------------------------------------
@@ -307,25 +351,35 @@ class ModelRunner:
             if top_p is not None:
                 t_p = dev[o:o + n].view(torch.float32)
             sampling = SamplingBatch(t_temp, t_k, t_p, gens, False)
+        spec_inputs = None
         if P is not None:
             self.graphs.inputs[:, :P].copy_(dev[:4 * P].view(4, P))
             step_inputs = (P, None)
         else:
-            extra = dev[o_lp + len(lp_pos):o_lp + len(lp_pos) + R].long() if R else None
-            step_inputs = (None, (dev, n, T, width, o_qsl, bool(src_at), extra))
-        sampled, logits, prompt_hidden = self.device_step(step_inputs, n, sampling)
+            extra = dev[o_lp + n_lp:o_lp + n_lp + R].long() if R else None
+            logit_rows = None
+            if layout is not None:
+                logit_rows, vidx, spec_drafts = layout.views(dev, o_spec, n)
+                spec_inputs = (vidx, spec_drafts, layout.num, sched.draft_probs)
+                masked = [(layout.first[i], m) for i, m in masked]
+            step_inputs = (None, (dev, n, T, width, o_qsl, bool(src_at), extra, logit_rows))
+        sampled, logits, prompt_hidden = self.device_step(step_inputs, n, sampling, masked, spec_inputs)
 
-        handle = StepHandle(reqs, samplers, None if len(samplers) == n else sample_pos, sampled,
-                            seq, seq_lens)
+        handle = StepHandle(reqs, samplers, None if len(samplers) == n else sample_pos,
+                            sampled if layout is None else sampled[:, 0], seq, seq_lens,
+                            constrained=bool(masked))
+        if layout is not None:
+            handle.emitted = sampled
+            sampled = sampled.reshape(-1).clamp(min=0)  # the target of each logit row
         if lp_pos or prompt_rows:
-            at = o_lp + len(lp_pos)
+            at = o_lp + n_lp
             handle.logprobs = StepLogprobs.compute(
                 self.model, logits, sampled, lp_reqs, lp_pos, dev[o_lp:at].long(), prompt_rows,
-                prompt_hidden, prompt_targets, dev[at + R:at + 2 * R].long())
+                prompt_hidden, prompt_targets, dev[at + R:at + 2 * R].long(), width=W)
         if overlapped:
             self.sampled[:n].copy_(sampled)
             self._prev_index = {req: sample_pos[j] for j, req in enumerate(samplers)}
-        if self.cuda:
+        if self.cuda and layout is None:
             # NOTE: step seq - 2 used this buffer; launch() checked that it was read
             out = self._outs[seq % 2]
             out[:n].copy_(sampled, non_blocking=True)
@@ -334,14 +388,17 @@ class ModelRunner:
             handle.event.record(self.stream)
         return handle
 
-    def result(self, handle: StepHandle) -> list[int]:
-        """The sampled ids of `handle.samplers`, in order (waits for the device)."""
+    def result(self, handle: StepHandle) -> list:
+        """The sampled ids of `handle.samplers`, in order (waits for the device); for a
+        verification step (`handle.emitted`) a list of 1..k+1 ids per sampler."""
         if not self._unread or self._unread[0] != handle.seq:
             raise StepOrderError(f"result of step {handle.seq} taken out of order (unread: "
                                  f"{list(self._unread)}): results come in launch order, once")
         self._unread.popleft()
         n = len(handle.requests)
-        if handle.event is not None:
+        if handle.emitted is not None:
+            tokens = [row[:row.index(-1)] if row[-1] < 0 else row for row in handle.emitted.tolist()]
+        elif handle.event is not None:
             handle.event.synchronize()
             tokens = handle.host_out[:n].tolist()
         else:
@@ -353,18 +410,32 @@ class ModelRunner:
         return [tokens[i] for i in handle.sample_pos]
 
     # -- the device step: forward + sampling (what a profile calls "device work") -----------
-    def device_step(self, step_inputs, n: int, sampling: SamplingBatch):
-        """-> (sampled ids [n], logits [n, vocab], hidden states of the extra prompt rows or None)."""
+    def device_step(self, step_inputs, n: int, sampling: SamplingBatch, masked: list = (), spec=None):
+        """-> (sampled ids [n], logits [n, vocab], hidden states of the extra prompt rows or None).
+        `masked`: (logits row, GrammarMatcher) of the constrained samplers; their rows are
+        masked to what the grammar allows before sampling (engine/bitmask.py).
+        A verification step (`spec`: vidx [n, K+1], drafts [n, K], drafts per request, draft
+        probabilities) -> (emitted ids [n, K+1], logits [n * (K+1), vocab], ...):
+        engine/spec/rejection.py. Constrained requests never have drafts: `masked` names
+        their one logit row (SpecLayout.first)."""
         P, eager = step_inputs
         hidden = None
         if P is not None:
             logits = self.graphs.run(P)[:n]
         else:
             logits, hidden = self._eager_forward(*eager)
+        if masked:
+            self.bitmasks.apply(logits, masked)
+        if spec is not None:
+            vidx, drafts, num_drafts, draft_probs = spec
+            logits = logits[vidx]
+            emitted = verify(logits, drafts, num_drafts, sampling, self.generator, draft_probs)
+            return emitted, logits.view(-1, logits.shape[-1]), hidden
         return sample(logits, sampling, self.generator), logits, hidden
 
     def _eager_forward(self, dev: torch.Tensor, n: int, T: int, width: int, o_qsl: int,
-                       has_src: bool, extra: torch.Tensor | None = None):
+                       has_src: bool, extra: torch.Tensor | None = None,
+                       logit_rows: torch.Tensor | None = None):
         rows = dev[:n]
         seq_lens = dev[n:2 * n]
         ids = dev[2 * n:2 * n + T]
@@ -384,11 +455,14 @@ class ModelRunner:
         slots = block_tables[token_req, positions // bs].long() * bs + positions % bs
         meta = AttentionMetadata(slot_mapping=slots, block_tables=block_tables, seq_lens=seq_lens,
                                  query_start_loc=qsl)
-        last = qsl[1:].long() - 1
+        last = qsl[1:].long() - 1 if logit_rows is None else logit_rows
+        if self.draft is not None:
+            self._mirror(ids, positions, meta)
         if extra is None:
             return self.model.forward(ids, positions, meta, self.kv_caches, last), None
         h = self.model.forward_hidden(ids, positions, meta, self.kv_caches, torch.cat([last, extra]))
-        return self.model.compute_logits(h[:n]), h[n:]
+        R = last.shape[0]
+        return self.model.compute_logits(h[:R]), h[R:]
 
     def _decode_body(self, inputs: torch.Tensor) -> torch.Tensor:
         """The padded decode forward on static buffers `inputs` [4, P] (see cuda_graphs.py)."""
@@ -402,4 +476,11 @@ class ModelRunner:
         slots = torch.where(seq_lens > 0, slots, -1)  # padding rows write no K/V
         meta = AttentionMetadata(slot_mapping=slots, block_tables=block_tables, seq_lens=seq_lens,
                                  query_start_loc=self._arange32[:P + 1])
+        if self.draft is not None:
+            self._mirror(ids, positions, meta)
         return self.model.forward(ids, positions, meta, self.kv_caches, self._arange64[:P])
+
+    def _mirror(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
+        """The draft model's forward on the target's inputs: its K/V at the same slots
+        (no logits: one row is normed, as a forward must return something)."""
+        self.draft.forward_hidden(ids, positions, meta, self.draft_kv_caches, self._arange64[:1])

@@ -67,6 +67,14 @@ class Request:
     # starts with None (the first token has no context) and grows chunk by chunk
     logprobs: list | None = None
     prompt_logprobs: list | None = None
+    # speculative decoding: the proposer's own state of this request, and how many drafts
+    # pay for themselves for it (engine/spec/ngram.py, adaptive.py)
+    spec_state: object = None
+    spec_draft: object = None
+    # params.structured_outputs: the compile in flight (a Future, until admission), then the
+    # request's position in its grammar (engine.grammar.GrammarMatcher)
+    grammar_future: object = None
+    grammar: object = None
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inflight.engine.errors import InflightError
+from inflight.engine.structured_outputs import StructuredOutputs, StructuredOutputsError
 
 MAX_TOKENS_LIMIT = 131_072  # generous upper bound; the engine also checks the model's context
 MAX_STOP_STRINGS = 16
@@ -58,7 +59,16 @@ class SamplingParams:
       n most likely alternatives. `prompt_logprobs`: the same for each prompt token given
       the ones before it (the first has none); such a request recomputes its whole prompt
       instead of taking prefix-cache hits. Both are the model's raw logprobs
-      (engine/logprobs.py).
+      (engine/logprobs.py); for a constrained request, of the masked distribution.
+    - `structured_outputs`: what the output must match (a JSON schema, any JSON object, a
+      regex, one of some strings, a grammar, a structural tag): `StructuredOutputs`, or its
+      dict form `{"json": {...}}` (engine/structured_outputs.py). The grammar's end stops
+      the request ("stop"); `max_tokens` reached first ends it with "length".
+    - `speculative`: whether this request may speculate when the engine has a
+      speculative_config: None = yes for interactive priorities, no for batch ones
+      (priority >= its `batch_priority`); True / False force it. Greedy output is the
+      same either way; sampled output keeps its distribution (engine/spec/). A request with
+      `structured_outputs` never speculates (its drafts would need a mask each).
     """
 
     # NOTE: read by pydantic when the wire validates into this class (the engine never
@@ -75,14 +85,23 @@ class SamplingParams:
     ignore_eos: bool = _limits(False)
     logprobs: int | None = _limits(None, ge=0, le=MAX_LOGPROBS)
     prompt_logprobs: int | None = _limits(None, ge=0, le=MAX_LOGPROBS)
+    speculative: bool | None = _limits(None)
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            object.__setattr__(self, "structured_outputs", _structured(so))
+        elif so is not None and not isinstance(so, StructuredOutputs):
+            raise SamplingParamsError("structured_outputs must be a StructuredOutputs or its dict "
+                                      f"form (got {type(so).__name__})", "structured_outputs")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop or ()))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         for f in dataclasses.fields(self):
-            _check(f, getattr(self, f.name))
+            if f.name != "structured_outputs":
+                _check(f, getattr(self, f.name))
 
     @property
     def greedy(self) -> bool:
@@ -98,8 +117,24 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: tuples become lists."""
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
-                for f in dataclasses.fields(self)}
+        out = {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+               for f in dataclasses.fields(self)}
+        if self.structured_outputs is not None:
+            out["structured_outputs"] = self.structured_outputs.to_dict()
+        return out
+
+
+def _structured(value: dict[str, Any]) -> StructuredOutputs:
+    try:
+        return StructuredOutputs(**value)
+    except TypeError:
+        unknown = sorted(set(value) - {f.name for f in dataclasses.fields(StructuredOutputs)})
+        raise StructuredOutputsError(f"structured_outputs: unknown key(s) {unknown}; use one "
+                                     "of json, json_object, regex, choice, grammar, structural_tag",
+                                     "structured_outputs") from None
+    except StructuredOutputsError as exc:
+        where = "structured_outputs" + (f".{exc.field}" if exc.field else "")
+        raise StructuredOutputsError(f"{where}: {exc}", where, exc.code) from None
 
 
 # Rules for each entry of a tuple field (pydantic's field metadata has no per-item keys, so
@@ -119,7 +154,7 @@ def _check(f: dataclasses.Field, value: Any) -> None:
     elif f.type == "float":
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise SamplingParamsError(f"{name}={value!r} must be a finite number", name)
-    elif f.type == "bool" and not isinstance(value, bool):
+    elif f.type in ("bool", "bool | None") and not isinstance(value, bool):
         raise SamplingParamsError(f"{name}={value!r} must be true or false", name)
     lo, hi = md.get("ge", md.get("gt")), md.get("le")
     if lo is not None and (value < lo or (value == lo and "gt" in md)) or hi is not None and value > hi:

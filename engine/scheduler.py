@@ -17,6 +17,11 @@ preempted more than `max_preemptions` times fails instead of looping.
 With output processing overlapped (one step ahead), the next step is scheduled before the
 last one's tokens are known: a request's pending token counts as one to compute
 (`Request.num_tokens_to_compute`), and the model runner feeds it from the device.
+
+Speculative decoding: a decoding request with drafts (engine/spec/) gets 1 + len(drafts)
+tokens, its last token and the drafts, verified in the same forward pass. Drafts are just
+more tokens to compute: they count against the budget (cut to fit it) and get KV slots;
+after verification the engine rolls the computed count back past the rejected ones.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class SchedulerOutput:
     num_tokens: list[int] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)  # preempted too often
+    spec_token_ids: dict[Request, list[int]] = field(default_factory=dict)  # drafts to verify
+    draft_probs: object = None  # [n, K, V] a draft model's q of sampled drafts (set by the engine)
 
     @property
     def total_tokens(self) -> int:
@@ -73,21 +80,28 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # -- one step -----------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: dict[Request, list[int]] | None = None) -> SchedulerOutput:
+        """`drafts`: proposed tokens of decoding requests, verified if they are placed."""
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        budget = self._schedule_running(out, self.max_num_batched_tokens, drafts or {})
         if not out.preempted:
             self._schedule_waiting(out, budget)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int,
+                          drafts: dict[Request, list[int]]) -> int:
         # Decodes (one token left to compute) first, then prefill chunks, each group in
         # `running` order: one pass that defers the prefills (no sort per step).
         prefills: list[Request] = []
         for req in self.running[:]:  # a copy: preemption removes from `running`
             n = req.num_tokens_to_compute
             if n == 1:
-                budget = self._place_running(req, 1, out, budget)
+                spec = drafts.get(req)
+                budget = self._place_running(req, 1 + len(spec) if spec else 1, out, budget)
+                if spec and out.requests and out.requests[-1] is req:
+                    n_spec = out.num_tokens[-1] - 1  # the budget may have cut the drafts
+                    if n_spec:
+                        out.spec_token_ids[req] = spec[:n_spec]
                 if budget == 0:
                     return 0
             elif n > 1:
@@ -119,6 +133,7 @@ class Scheduler:
             if r is victim:
                 refund = out.num_tokens.pop(i)
                 out.requests.pop(i)
+                out.spec_token_ids.pop(victim, None)
                 break
         self.running.remove(victim)
         self.kv.free(victim)

@@ -1,6 +1,10 @@
 """The engine's device side, built in this order (inside its DeviceScope, engine/device.py):
 
-    kernels, weights  ->  model runner (its buffers)  ->  KV cache size  ->  KV cache  ->  CUDA graphs
+    kernels, weights (+ a draft model's)  ->  model runner (its buffers)  ->  KV cache size
+      ->  KV cache  ->  CUDA graphs
+
+A speculative draft model (engine/spec/draft.py) has its own KV cache over the same blocks:
+a block costs the target's bytes plus the draft's, and the budget is split accordingly.
 
 The size is given (`num_kv_blocks`, `kv_cache_bytes`; 1 GiB on CPU when neither is) or, on
 CUDA, measured: a profiling step at the largest batch on a throw-away cache
@@ -22,7 +26,9 @@ from inflight.engine.errors import ConfigError
 from inflight.engine.kv_sizing import CudaMemoryProbe, KVCachePlan, MemoryProbe, MemorySnapshot, plan_kv_cache
 from inflight.engine.model import LlamaModel
 from inflight.engine.model_runner import ModelRunner
+from inflight.engine.parallel import TensorParallelGroup, load_model
 from inflight.engine.profile_run import profile_lengths, profile_memory
+from inflight.engine.spec.draft import load_draft_model
 from inflight.kernels.ops import KernelOps, get_ops
 
 log = logging.getLogger(__name__)
@@ -36,12 +42,15 @@ class DeviceSide:
     num_kv_blocks: int
     cuda_graphs: bool            # decode steps padded on static buffers
     kv_plan: KVCachePlan | None  # the figures a measured KV cache was sized from
+    parallel: TensorParallelGroup | None = None  # the tensor-parallel group the model runs on
 
 
 def build_device_side(config: EngineConfig, folder: pathlib.Path, scope: DeviceScope,
-                      probe: MemoryProbe | None = None) -> DeviceSide:
+                      probe: MemoryProbe | None = None,
+                      parallel_group: TensorParallelGroup | None = None) -> DeviceSide:
     """`probe`: measures memory for a KV cache of no given size (default on CUDA: torch's
-    allocator; tests pass a fake one on CPU)."""
+    allocator; tests pass a fake one on CPU). `parallel_group`: a running tensor-parallel
+    group to load the model onto (default: one is started when the config asks for it)."""
     device = scope.device
     if device.type == "cuda":
         log.info("engine on %s (%s)", device, torch.cuda.get_device_name(device))
@@ -51,23 +60,46 @@ def build_device_side(config: EngineConfig, folder: pathlib.Path, scope: DeviceS
     elif probe is None and device.type == "cuda":
         probe = CudaMemoryProbe(device)
     start = probe.snapshot() if probe is not None else None
-    model = LlamaModel(folder, ops, config.torch_dtype, device, config.max_model_len)
+    model, parallel = load_model(config, folder, ops, device, parallel_group)
+    try:
+        return _after_weights(config, scope, probe, ops, model, parallel, start)
+    except BaseException:
+        if parallel is not None:
+            parallel.release()
+        raise
+
+
+def _after_weights(config: EngineConfig, scope: DeviceScope, probe: MemoryProbe | None,
+                   ops: KernelOps, model: LlamaModel, parallel: TensorParallelGroup | None,
+                   start: MemorySnapshot | None) -> DeviceSide:
+    device = scope.device
+    draft = None
+    spec = config.speculative_config
+    if spec is not None and spec.method == "draft_model":
+        draft = load_draft_model(spec, config.model, model,
+                                 lambda path: LlamaModel(path, ops, config.torch_dtype, device,
+                                                         model.max_model_len))
     after_weights = probe.snapshot() if probe is not None else None
     cuda_graphs = config.resolve_cuda_graphs(ops.name)
     capture = cuda_graphs and device.type == "cuda"
+    if capture and config.tensor_parallel_size > 1:
+        log.warning("CUDA graphs are not captured across tensor-parallel ranks; running "
+                    "decode steps padded but uncaptured")
+        capture = False
     if capture and ops.name != "triton":
         log.warning("CUDA graphs need the Triton kernels (the torch path syncs with the "
                     "host); running decode steps padded but uncaptured")
         capture = False
     runner = ModelRunner(model, config.block_size, config.seed, max_num_seqs=config.max_num_seqs,
                          max_num_batched_tokens=config.max_num_batched_tokens,
-                         cuda_graphs=cuda_graphs, poison=config.debug_checks, stream=scope.stream)
+                         cuda_graphs=cuda_graphs, poison=config.debug_checks, stream=scope.stream,
+                         draft=draft)
     plan = None
     if probe is not None:
         plan = measured_plan(config, model, runner, probe, start, after_weights, capture)
         num_blocks = plan.num_blocks
     else:
-        num_blocks = given_num_blocks(config, model)
+        num_blocks = given_num_blocks(config, model, draft)
     runner.allocate_kv_cache(num_blocks)
     if capture:
         before = probe.snapshot() if probe is not None else None
@@ -75,11 +107,15 @@ def build_device_side(config: EngineConfig, folder: pathlib.Path, scope: DeviceS
         if probe is not None:
             log_graph_memory(probe, before, plan.graphs)
     scope.synchronize()
-    return DeviceSide(ops, model, runner, num_blocks, cuda_graphs, plan)
+    return DeviceSide(ops, model, runner, num_blocks, cuda_graphs, plan, parallel)
 
 
-def given_num_blocks(config: EngineConfig, model: LlamaModel) -> int:
-    per_block = model.kv_bytes_per_block(config.block_size)
+def kv_bytes_per_block(model: LlamaModel, draft: LlamaModel | None, block_size: int) -> int:
+    return model.kv_bytes_per_block(block_size) + (draft.kv_bytes_per_block(block_size) if draft else 0)
+
+
+def given_num_blocks(config: EngineConfig, model: LlamaModel, draft: LlamaModel | None = None) -> int:
+    per_block = kv_bytes_per_block(model, draft, config.block_size)
     if config.num_kv_blocks:
         return config.num_kv_blocks
     budget = config.kv_cache_bytes if config.kv_cache_bytes is not None else 1 << 30
@@ -99,7 +135,7 @@ def measured_plan(config: EngineConfig, model: LlamaModel, runner: ModelRunner, 
     activations, graphs = profile_memory(runner, probe, lengths, capture)
     plan = plan_kv_cache(start, after_weights, before, probe.snapshot(), activations=activations,
                          graphs=graphs, fraction=config.kv_cache_memory_fraction,
-                         bytes_per_block=model.kv_bytes_per_block(config.block_size),
+                         bytes_per_block=kv_bytes_per_block(model, runner.draft, config.block_size),
                          block_size=config.block_size)
     if plan.num_blocks < 1:
         raise ConfigError(plan.shortfall())

@@ -80,8 +80,17 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """Render chat `messages` ([{role, content}]) as the model's prompt text."""
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the chat template renders `tools` (a tool-using model's template does);
+        the service writes them into a system message of its own otherwise."""
+        return bool(self.chat_template) and "tools" in self.chat_template
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            tools: Sequence[dict] | None = None) -> str:
+        """Render chat `messages` ([{role, content}]) as the model's prompt text; `tools`
+        (OpenAI function definitions) go to a template that takes them."""
+        extra = {"tools": list(tools)} if tools else {}
         if self.chat_template:
             try:
                 import jinja2.sandbox
@@ -92,7 +101,8 @@ class Tokenizer:
                 env.globals.update(raise_exception=_template_error, strftime_now=_strftime_now)
                 return env.from_string(self.chat_template).render(
                     messages=list(messages), add_generation_prompt=add_generation_prompt,
-                    bos_token=self.config.get("bos_token") or "", eos_token=self.config.get("eos_token") or "")
+                    bos_token=self.config.get("bos_token") or "", eos_token=self.config.get("eos_token") or "",
+                    **extra)
         if self.hf.token_to_id("<|im_start|>") is None:
             raise ModelError("this model folder has no chat template: send a plain prompt")
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)

@@ -32,8 +32,10 @@ from typing import Any
 import orjson
 
 from inflight.schemas.anthropic_batch import MESSAGES_URL
+from inflight.schemas.anthropic_tools import tool_use_blocks
 from inflight.schemas.batch import CHAT_URL
 from inflight.schemas.json_text import parse_json
+from inflight.schemas.tools import parse_tool_calls
 from inflight.store import BatchRow, Store
 from inflight.store.models import CANCELLED, COMPLETED, EXPIRED, FAILED
 
@@ -91,10 +93,14 @@ def openai_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, endpoin
         usage = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
         finish = _OPENAI_STOP.get(row.get("finish_reason") or "stop", "stop")
         if endpoint == CHAT_URL:
+            message = {"role": "assistant", "content": row.get("output") or ""}
+            if row.get("tool_calls"):  # content: the text outside the calls
+                message["content"] = parse_tool_calls(row.get("output") or "", rid)[0]
+                message["tool_calls"] = row["tool_calls"]
+                finish = "tool_calls" if finish == "stop" else finish  # cut short: "length"
             body = {"id": _hid("chatcmpl-", rid), "object": "chat.completion",
                     "created": _created(row), "model": model,
-                    "choices": [{"index": 0, "message": {"role": "assistant",
-                                                         "content": row.get("output") or ""},
+                    "choices": [{"index": 0, "message": message,
                                  "logprobs": None, "finish_reason": finish}],
                     "usage": usage}
         else:
@@ -106,7 +112,7 @@ def openai_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, endpoin
         line.update(response={"status_code": 200, "request_id": rid, "body": body}, error=None)
         return line, False
     code = row.get("error_code") or "engine_error"
-    client_side = code in ("invalid_request", "prompt_too_long", "message_too_large")
+    client_side = code in ("invalid_request", "invalid_schema", "prompt_too_long", "message_too_large")
     line.update(response={"status_code": 400 if client_side else 500, "request_id": rid,
                           "body": {"error": {"message": row.get("error") or "request failed",
                                              "type": "invalid_request_error" if client_side
@@ -126,15 +132,21 @@ def anthropic_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, mode
     assert row is not None
     if row["status"] == COMPLETED:
         p, c = _usage(row)
+        content = [{"type": "text", "text": row.get("output") or ""}]
+        stop = _ANTHROPIC_STOP.get(row.get("finish_reason") or "stop", "end_turn")
+        if row.get("tool_calls"):
+            text = parse_tool_calls(row.get("output") or "", rid)[0]
+            content = ([{"type": "text", "text": text}] if text else []) + \
+                tool_use_blocks(row["tool_calls"])
+            stop = "tool_use" if stop == "end_turn" else stop
         message = {"id": _hid("msg_", rid), "type": "message", "role": "assistant",
-                   "model": model, "content": [{"type": "text", "text": row.get("output") or ""}],
-                   "stop_reason": _ANTHROPIC_STOP.get(row.get("finish_reason") or "stop",
-                                                      "end_turn"),
+                   "model": model, "content": content,
+                   "stop_reason": stop,
                    "stop_sequence": None,
                    "usage": {"input_tokens": p, "output_tokens": c}}
         return {"custom_id": custom_id, "result": {"type": "succeeded", "message": message}}
     code = row.get("error_code") or "engine_error"
-    kind = ("invalid_request_error" if code in ("invalid_request", "prompt_too_long",
+    kind = ("invalid_request_error" if code in ("invalid_request", "invalid_schema", "prompt_too_long",
                                                 "message_too_large") else "api_error")
     return {"custom_id": custom_id,
             "result": {"type": "errored",

@@ -37,17 +37,19 @@ from inflight.schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, 
                      decode_result, encode)
 from inflight.schemas.cancel import batch_cancel, request_cancel
 from inflight.schemas.codec import schema_error
-from inflight.schemas.errors import BrokerError, InflightError, StateError
-from inflight.schemas.kafka_clients import partitions_of, plain_consumer, producer
+from inflight.schemas.errors import BrokerError, CapacityError, InflightError, StateError
+from inflight.schemas.kafka_clients import producer
 from inflight.store import FINAL_STATUSES, BatchRow, FileRow, Store
 
 from inflight.producers import batch_jobs
 from inflight.producers.celery_app import celery_app, send_enqueue
-from inflight.producers.stream import follow, partition_for
+from inflight.producers.results_reader import ResultsReader
+from inflight.producers.stream import partition_for
 
 NOT_FOUND = "not_found"
-STREAM_CLOCK_SLACK_S = 5.0   # start a stream this much before the submit time (clock skew)
+STREAM_CLOCK_SLACK_S = 5.0   # a submit time of another process: this much earlier (clock skew)
 STREAM_LOOKBACK_S = 3600.0   # unknown submit time: look back this far
+MAX_FOLLOWS = 10_000         # requests one Client streams or waits on at once
 
 
 class RequestNotFound(InflightError, LookupError):
@@ -72,6 +74,7 @@ class Result:
     created_at: float | None = None
     finished_at: float | None = None
     logprobs: dict[str, Any] | None = None  # requests.logprobs (see store.rows.logprobs_column)
+    tool_calls: list[dict[str, Any]] | None = None  # a request with tools: its answer's calls
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -90,7 +93,8 @@ class Result:
 
 def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
              request_id: str | None = None, priority: int | None = None,
-             metadata: Mapping | None = None, batch_id: str | None = None) -> InferenceRequest:
+             metadata: Mapping | None = None, batch_id: str | None = None,
+             tools: list | None = None, tool_choice: Any = None) -> InferenceRequest:
     if isinstance(item, InferenceRequest):
         return item
     fields: dict[str, Any] = {}
@@ -116,6 +120,10 @@ def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
         fields["metadata"] = dict(metadata)
     if batch_id is not None:
         fields["batch_id"] = batch_id
+    if tools is not None:
+        fields["tools"] = tools
+    if tool_choice is not None:
+        fields["tool_choice"] = tool_choice
     fields.setdefault("submitted_at", time.time())
     try:
         return InferenceRequest.model_validate(fields)
@@ -125,12 +133,18 @@ def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
 
 
 class Client:
-    def __init__(self, settings: Settings | None = None, *, store: Store | None = None):
+    def __init__(self, settings: Settings | None = None, *, store: Store | None = None,
+                 results: ResultsReader | None = None, max_follows: int = MAX_FOLLOWS):
+        """`results`: a results reader to share (the API's); by default the Client starts
+        its own at the first stream or wait (one per Client, whatever it follows)."""
         self.settings = settings or Settings()
         self._store = store
         self._producer: KafkaProducer | None = None
         self._celery: Any = None
         self._submitted: dict[str, float] = {}
+        self._results = results
+        self._own_results = results is None
+        self.max_follows = max_follows
 
     # -- connections ----------------------------------------------------------------------
     @property
@@ -144,12 +158,23 @@ class Client:
         return self._producer
 
     @property
+    def results(self) -> ResultsReader:
+        """The one reader of the results topics that Client.stream and Client.wait share."""
+        if self._results is None:
+            self._results = ResultsReader(self.settings, max_follows=self.max_follows,
+                                          name="client").start()
+        return self._results
+
+    @property
     def store(self) -> Store:
         if self._store is None:
             self._store = Store.embedded(self.settings.database_url)
         return self._store
 
     def close(self) -> None:
+        if self._results is not None and self._own_results:
+            self._results.close()
+            self._results = None
         if self._producer is not None:
             self._producer.flush()
             self._producer.close()
@@ -175,11 +200,15 @@ class Client:
     def submit(self, prompt: Any = None, params: SamplingParams | Mapping | None = None, *,
                messages: list | None = None, request_id: str | None = None,
                priority: int = PRIORITY_INTERACTIVE, metadata: Mapping | None = None,
-               batch_id: str | None = None, flush: bool = True) -> str:
-        """Publish one request; returns its request_id (a given one is kept)."""
+               batch_id: str | None = None, flush: bool = True, tools: list | None = None,
+               tool_choice: Any = None) -> str:
+        """Publish one request; returns its request_id (a given one is kept).
+        `params` may constrain the output (`{"structured_outputs": {"json": SCHEMA}}`, or
+        SamplingParams(structured_outputs=...)); `tools` / `tool_choice` (OpenAI's, with
+        `messages`) make the answer's tool calls come back on the result (`tool_calls`)."""
         req = _request(messages if messages is not None else prompt, params,
                        request_id=request_id, priority=priority, metadata=metadata,
-                       batch_id=batch_id)
+                       batch_id=batch_id, tools=tools, tool_choice=tool_choice)
         self._publish(req)
         if flush:
             self.flush()
@@ -284,17 +313,35 @@ class Client:
                       batch_id=row.batch_id, worker=row.worker,
                       created_at=row.created_at.timestamp() if row.created_at else None,
                       finished_at=row.finished_at.timestamp() if row.finished_at else None,
-                      logprobs=row.logprobs)
+                      logprobs=row.logprobs, tool_calls=row.tool_calls)
 
     def wait(self, request_id: str, timeout: float | None = None, poll_s: float = 0.1) -> Result:
-        """Poll the store until the request is final or `timeout` seconds pass; returns the
-        last state seen (check `.done`)."""
+        """Wait until the request is final in the store or `timeout` seconds pass; returns
+        the last state seen (check `.done`). A known request is waited on through the
+        results reader (its final event, then the recorder's row): the store is asked
+        again only once the final event is there."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        res = self.result(request_id)
+        if res.done or (deadline is not None and time.monotonic() >= deadline):
+            return res
+        if res.found or request_id in self._submitted:
+            self._await_final(request_id, deadline)
         while True:
             res = self.result(request_id)
             if res.done or (deadline is not None and time.monotonic() >= deadline):
                 return res
             time.sleep(poll_s)
+
+    def _await_final(self, request_id: str, deadline: float | None) -> None:
+        """Until the request's final event is read (or the deadline); quietly returns if
+        the results topics cannot be read (the store is polled instead)."""
+        try:
+            with self.results.follow(request_id, since=self._since(request_id)) as f:
+                until = deadline if deadline is not None else float("inf")
+                for _ in f.events(until, TimeoutError):
+                    pass
+        except (TimeoutError, BrokerError, CapacityError):
+            pass
 
     def wait_many(self, request_ids: Iterable[str], timeout: float | None = None,
                   poll_s: float = 0.2) -> dict[str, Result]:
@@ -311,7 +358,12 @@ class Client:
             time.sleep(poll_s)
 
     # -- streaming ----------------------------------------------------------------------------
-    def _since(self, request_id: str) -> float:
+    def _since(self, request_id: str, since: float | None = None) -> float:
+        """An instant before which no event of the request was appended (this host's
+        clock): its submit time if this Client submitted it; a time from elsewhere (the
+        store's, a caller's) STREAM_CLOCK_SLACK_S earlier; unknown: STREAM_LOOKBACK_S back."""
+        if since is not None:
+            return since - STREAM_CLOCK_SLACK_S
         if request_id in self._submitted:
             return self._submitted[request_id]
         try:
@@ -319,7 +371,7 @@ class Client:
         except InflightError:
             res = Result(request_id, NOT_FOUND)
         if res.created_at is not None:
-            return res.created_at
+            return res.created_at - STREAM_CLOCK_SLACK_S
         return time.time() - STREAM_LOOKBACK_S
 
     def stream(self, request_id: str, timeout: float = 120.0,
@@ -328,22 +380,17 @@ class Client:
         producers/stream.py: an index-0 delta after others starts the text over, on a new
         attempt; the deltas since the last index 0 add up to the final's text).
 
-        Reads only the partition the key maps to of the tokens topic and of the results
-        topic, from the first offset stamped at or after the submit time
-        (`offsets_for_times`; never "latest"), so a stream started after the request
-        finished still returns its whole text. Raises RequestNotFound when no final event
-        shows up within `timeout` seconds.
+        Follows the request through the Client's one results reader (no consumer of its
+        own), replaying from the submit time (`since`, else this Client's or the store's;
+        the reader finds the offsets from its checkpoints or `offsets_for_times`, never
+        "latest"), so a stream started after the request finished still returns its whole
+        text. Raises RequestNotFound when no final event shows up within `timeout` seconds.
         """
-        s = self.settings
-        start_ms = int(((since if since is not None else self._since(request_id))
-                        - STREAM_CLOCK_SLACK_S) * 1000)
-        consumer = plain_consumer(s)
-        try:
-            yield from follow(consumer, s, request_id, start_ms, time.monotonic() + timeout,
-                              partitions_of, lambda: RequestNotFound(
-                                  self._not_found_message(request_id, timeout)))
-        finally:
-            consumer.close()
+        start = self._since(request_id, since)
+        deadline = time.monotonic() + timeout
+        with self.results.follow(request_id, since=start) as f:
+            yield from f.events(deadline, lambda: RequestNotFound(
+                self._not_found_message(request_id, timeout)))
 
     def _not_found_message(self, request_id: str, timeout: float) -> str:
         res = self.result(request_id)

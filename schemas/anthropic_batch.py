@@ -5,16 +5,20 @@
      "temperature": 0.2, "stop_sequences": ["\\n\\n"]}}
 
 `params` maps onto an InferenceRequest: `system` (a string or text blocks) becomes a
-leading system message, content blocks must be text, `stop_sequences` -> stop,
-`max_tokens` is required (as in the Messages API). Parameters we cannot honour (tools,
-thinking, images, ...) are rejected by name; `model`, `metadata`, `service_tier` and
-`stream: false` are ignored.
+leading system message, content blocks are text (plus `tool_use` in assistant turns and
+`tool_result` in user turns), `stop_sequences` -> stop, `max_tokens` is required (as in the
+Messages API). `tools` ({name, description, input_schema}) and `tool_choice` ({"type":
+"auto" | "any" | "tool" | "none", "name", "disable_parallel_tool_use"}) become OpenAI-style
+tools (schemas.tools: auto, required, a named function, none); the result then answers
+with `tool_use` blocks. Parameters we cannot honour (thinking, images, ...) are rejected by
+name; `model`, `metadata`, `service_tier` and `stream: false` are ignored.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from inflight.schemas.anthropic_tools import tool_fields, turns
 from inflight.schemas.codec import DEFAULT_MAX_PROMPT_CHARS, renamed_field, request_from_object
 from inflight.schemas.errors import SchemaError
 from inflight.schemas.requests import PRIORITY_BATCH, InferenceRequest
@@ -25,6 +29,7 @@ _PARAM_MAP = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p":
               "top_k": "top_k", "stop_sequences": "stop"}
 _IGNORED = {"model", "metadata", "service_tier"}
 _FIELD_PATHS = (("params.stop", "params.stop_sequences"), ("messages", "params.messages"),
+                ("tools.", "params.tools."), ("tool_choice", "params.tool_choice"),
                 ("params.", "params."))
 
 
@@ -41,8 +46,8 @@ def _text(content: Any, where: str, raw: bytes, rid: str) -> str:
         for i, block in enumerate(content):
             if not (isinstance(block, dict) and block.get("type") == "text"
                     and isinstance(block.get("text"), str)):
-                raise _fail(f"{where}.{i}: only text blocks are supported (type 'text' with a "
-                            "'text' string)", raw, f"{where}.{i}", rid)
+                raise _fail(f"{where}.{i}: only text blocks are supported here (type 'text' "
+                            "with a 'text' string)", raw, f"{where}.{i}", rid)
             texts.append(block["text"])
         return "".join(texts)
     raise _fail(f"{where}: give a string or a list of text blocks (got {type(content).__name__})",
@@ -69,7 +74,7 @@ def anthropic_batch_request(obj: dict[str, Any], raw: bytes, *, request_id: str,
     for key, value in params.items():
         if key in _PARAM_MAP:
             sampling[_PARAM_MAP[key]] = value
-        elif key in _IGNORED or key in ("messages", "system"):
+        elif key in _IGNORED or key in ("messages", "system", "tools", "tool_choice"):
             continue
         elif key == "stream":
             if value not in (None, False):
@@ -79,7 +84,8 @@ def anthropic_batch_request(obj: dict[str, Any], raw: bytes, *, request_id: str,
             unknown.append(key)
     if unknown:
         raise _fail(f"params: unsupported parameter(s) {', '.join(map(repr, sorted(unknown)))}; "
-                    "remove them (supported: messages, system, " + ", ".join(_PARAM_MAP) + ")",
+                    "remove them (supported: messages, system, tools, tool_choice, "
+                    + ", ".join(_PARAM_MAP) + ")",
                     raw, f"params.{sorted(unknown)[0]}", request_id)
     if "max_tokens" not in params:
         raise _fail("missing required field 'params.max_tokens'", raw, "params.max_tokens",
@@ -101,10 +107,10 @@ def anthropic_batch_request(obj: dict[str, Any], raw: bytes, *, request_id: str,
             bad = sorted(set(m) - {"role", "content"})[0]
             raise _fail(f"{where}.{bad}: unknown field; remove it", raw, f"{where}.{bad}",
                         request_id)
-        messages.append({"role": m["role"],
-                         "content": _text(m.get("content"), f"{where}.content", raw, request_id)})
+        messages.extend(turns(m["role"], m.get("content"), f"{where}.content", raw, request_id))
     fields = {"request_id": request_id, "messages": messages, "params": sampling,
               "batch_id": batch_id, "priority": priority, "stream": stream}
+    fields.update(tool_fields(params, raw, request_id))
     try:
         return request_from_object(fields, raw=raw, max_prompt_chars=max_prompt_chars)
     except SchemaError as e:

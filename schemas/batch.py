@@ -22,6 +22,7 @@ from inflight.schemas.codec import (DEFAULT_MAX_BYTES, DEFAULT_MAX_PROMPT_CHARS,
                                     renamed_field, request_from_object, salvage_request_id,
                                     schema_error)
 from inflight.schemas.errors import SchemaError
+from inflight.schemas.response_format import structured_outputs
 from inflight.schemas.requests import PRIORITY_BATCH, InferenceRequest
 
 COMPLETIONS_URL = "/v1/completions"
@@ -52,10 +53,13 @@ _HARMLESS_IF = {
     "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
     "suffix": (None, ""),
-    "parallel_tool_calls": (None,),
-    "response_format": (None, {"type": "text"}),
     "stream_options": (None,),
 }
+# body keys that constrain the output (schemas.structured: -> params.structured_outputs) and
+# the tool keys (-> InferenceRequest.tools / tool_choice / parallel_tool_calls)
+_STRUCTURED = {"response_format", "structured_outputs", "guided_json", "guided_regex",
+               "guided_choice", "guided_grammar", "guided_decoding_backend"}
+_TOOLS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 def parse_batch_line(line: Any, *, batch_id: str | None = None, line_no: int | None = None,
@@ -174,14 +178,22 @@ def _openai_body_fields(obj: dict[str, Any], raw: bytes, rid: str) -> dict[str, 
             if not any(_same(value, ok) for ok in _HARMLESS_IF[key]):
                 raise _fail(f"body.{key}: {_js(value)} is not supported; remove it or use "
                             f"{_js(_HARMLESS_IF[key][-1])}", raw, f"body.{key}", rid)
-        elif key in ("prompt", "messages"):
+        elif key in ("prompt", "messages") or key in _STRUCTURED:
             continue
+        elif key in _TOOLS:
+            if value is not None:
+                if url != CHAT_URL:
+                    raise _fail(f"body.{key}: tools are for {CHAT_URL}", raw, f"body.{key}", rid)
+                fields[key] = value
         else:
             unknown.append(key)
     if unknown:
         raise _fail(f"body: unsupported parameter(s) {', '.join(map(repr, sorted(unknown)))}; "
                     "remove them (supported: prompt/messages, " + ", ".join(_PARAM_MAP) + ")",
                     raw, f"body.{sorted(unknown)[0]}", rid)
+    so = structured_outputs(body, raw, rid)
+    if so is not None:
+        params["structured_outputs"] = so
     if params:
         fields["params"] = params
 
@@ -220,6 +232,8 @@ def _messages(messages: Any, raw: bytes, rid: str) -> Any:
         return messages  # the model validator reports the type error
     out = []
     for i, m in enumerate(messages):
+        if isinstance(m, dict) and m.get("content") is None and m.get("role") == "assistant":
+            m = {**m, "content": ""}  # an assistant turn that only called tools
         if isinstance(m, dict) and isinstance(m.get("content"), list):
             texts = []
             for part in m["content"]:

@@ -16,7 +16,7 @@ from inflight.schemas.base import ID_RE, MAX_ID_LEN, FieldError
 from inflight.schemas.errors import SchemaError
 from inflight.schemas.events import ResultEvent
 from inflight.schemas.json_text import parse_json
-from inflight.schemas.params import SamplingParamsError
+from inflight.schemas.params import SamplingParamsError, StructuredOutputsError
 from inflight.schemas.requests import InferenceRequest
 
 DEFAULT_MAX_BYTES = 1_000_000        # = Settings.kafka_max_message_bytes default
@@ -103,6 +103,13 @@ def schema_error(err: ValidationError, *, raw: bytes | None, request_id: str | N
         kind = "field_error"
     elif isinstance(cause, SamplingParamsError) and cause.field:
         field = f"{field}.{cause.field}" if field else prefix + cause.field
+        msg = str(cause)
+        kind = "field_error"
+    elif isinstance(cause, StructuredOutputsError):
+        # a schema / regex / grammar the grammar engine refuses: the compiler's message
+        code = cause.code
+        if cause.field and not (field or "").endswith(cause.field):
+            field = f"{field}.{cause.field}" if field else prefix + cause.field
         msg = str(cause)
         kind = "field_error"
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):

@@ -18,10 +18,12 @@ from pydantic import Field
 
 # ErrorEvent codes: defined with the engine, which sets them too.
 from inflight.engine.errors import (ERR_CANCELLED, ERR_ENGINE, ERR_EXPIRED, ERR_INTERNAL,  # noqa: F401
-                                    ERR_INVALID_REQUEST, ERR_MESSAGE_TOO_LARGE,
-                                    ERR_PROMPT_TOO_LONG, ERR_STORE_REJECTED)
+                                    ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA,
+                                    ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG,
+                                    ERR_STORE_REJECTED)
 from inflight.schemas.base import SCHEMA_VERSION, WireId, WireModel
 from inflight.schemas.params import TokenId
+from inflight.schemas.tools import ToolCall
 
 # Engine finish reasons, as vLLM spells them.
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -129,6 +131,9 @@ class FinalEvent(WireModel):
     # log-probabilities. prompt_logprobs[0] is None: the first token has no context.
     logprobs: Logprobs | None = None
     prompt_logprobs: list[ChatTokenLogprob | None] | None = None
+    # a request with tools: the calls its answer made (OpenAI's shape; `text` keeps the raw
+    # answer, schemas.tools.parse_tool_calls reads both out of it)
+    tool_calls: list[ToolCall] | None = None
 
 
 class ErrorEvent(WireModel):

@@ -14,12 +14,13 @@ from pydantic import BeforeValidator, Field
 
 from inflight.engine.sampling_params import (MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS,
                                              MAX_STOP_TOKEN_IDS, MAX_TOKEN_ID, MAX_TOKENS_LIMIT,
-                                             SEED_MAX, SamplingParams, SamplingParamsError)
+                                             SEED_MAX, SamplingParams, SamplingParamsError,
+                                             StructuredOutputs, StructuredOutputsError)
 from inflight.schemas.base import SCHEMA_VERSION
 
 __all__ = ["MAX_LOGPROBS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "MAX_STOP_TOKEN_IDS",
-           "MAX_TOKENS_LIMIT", "SEED_MAX", "SamplingParams", "SamplingParamsError", "TokenId",
-           "WireSamplingParams"]
+           "MAX_TOKENS_LIMIT", "SEED_MAX", "SamplingParams", "SamplingParamsError",
+           "StructuredOutputs", "StructuredOutputsError", "TokenId", "WireSamplingParams"]
 
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 

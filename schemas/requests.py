@@ -7,13 +7,16 @@ The scheduler admits by (priority, arrival) and preempts the highest number firs
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, ValidationInfo, model_validator
 
 from inflight.schemas.base import SCHEMA_VERSION, FieldError, FiniteJson, WireId, WireModel
-from inflight.schemas.params import SamplingParams, TokenId, WireSamplingParams
+from inflight.schemas.params import SamplingParams, StructuredOutputs, TokenId, WireSamplingParams
+from inflight.schemas.tools import (MAX_TOOLS_FIELD, ToolCall, ToolChoice, choice_name,
+                                    tool_constraint)
 
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 10
@@ -23,15 +26,19 @@ MAX_MESSAGES = 1024
 MAX_PROMPT_TOKEN_IDS = 1_048_576
 MAX_METADATA_KEYS = 64
 
-Role = Literal["system", "developer", "user", "assistant"]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 class ChatMessage(WireModel):
-    """One chat turn; the model's chat template turns a list of these into a prompt."""
+    """One chat turn; the model's chat template turns a list of these into a prompt. An
+    assistant turn may carry the `tool_calls` it made, a "tool" turn answers one
+    (`tool_call_id`) with its result in `content`."""
 
     role: Role
     content: str
     name: str | None = Field(default=None, max_length=64)
+    tool_calls: Annotated[list[ToolCall], Field(max_length=128)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=128)] | None = None
 
 
 class InferenceRequest(WireModel):
@@ -47,6 +54,11 @@ class InferenceRequest(WireModel):
 
     Validation context `{"max_prompt_chars": N}` (decode_request passes it) rejects prompts
     longer than N characters (messages: the sum of their contents).
+
+    `tools` / `tool_choice` / `parallel_tool_calls` (OpenAI's, with `messages`): the worker
+    renders the tools into the prompt and reads calls out of the answer (FinalEvent
+    .tool_calls); unless tool_choice is "none", the tools become the request's
+    `params.structured_outputs` (schemas.tools.tool_constraint) when it has none.
     """
 
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -61,6 +73,40 @@ class InferenceRequest(WireModel):
                         FiniteJson, Field(max_length=MAX_METADATA_KEYS)] = Field(default_factory=dict)
     submitted_at: float = Field(default_factory=time.time, ge=0.0)
     stream: bool | None = None
+    tools: MAX_TOOLS_FIELD | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tools_constrain(cls, data: Any) -> Any:
+        """The tools' constraint as params.structured_outputs (when the request gives none)."""
+        if not isinstance(data, dict) or not data.get("tools"):
+            return data
+        try:
+            tag = tool_constraint(data["tools"], data.get("tool_choice") or "auto",
+                                  data.get("parallel_tool_calls"))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return data  # the fields' own validation says what is wrong
+        params = data.get("params")
+        if tag is None or not isinstance(params, (dict, SamplingParams, type(None))):
+            return data
+        if isinstance(params, SamplingParams):
+            given = params.structured_outputs
+            given = given.to_dict() if given is not None else None
+        else:
+            params = dict(params or {})
+            given = params.get("structured_outputs")
+            if isinstance(given, StructuredOutputs):
+                given = given.to_dict()
+        if given is None:
+            params = (dataclasses.replace(params, structured_outputs=tag)
+                      if isinstance(params, SamplingParams) else {**params, "structured_outputs": tag})
+        elif (given.get("structural_tag") if isinstance(given, dict) else None) != tag["structural_tag"]:
+            raise FieldError("params.structured_outputs", "tools with tool_choice "
+                             f"{data.get('tool_choice') or 'auto'!r} constrain the output "
+                             "already: leave structured_outputs out, or set tool_choice 'none'")
+        return {**data, "params": params}
 
     @model_validator(mode="after")
     def _exactly_one_input(self, info: ValidationInfo) -> "InferenceRequest":
@@ -73,6 +119,15 @@ class InferenceRequest(WireModel):
                              f"(got {what})")
         if self.messages is not None and not any(m.content for m in self.messages):
             raise FieldError("messages", "every message content is empty; send some text")
+        if self.tools is not None and self.messages is None:
+            raise FieldError("tools", "tools go with chat messages (the chat template renders "
+                             "them): send 'messages', not a prompt")
+        if self.tool_choice is not None and self.tools is None:
+            raise FieldError("tool_choice", "needs tools: give the functions in 'tools'")
+        named = choice_name(self.tool_choice)
+        if named is not None and named not in {t.function.name for t in self.tools}:
+            raise FieldError("tool_choice", f"names function {named!r}, which is not among "
+                             "the tools")
         limit = (info.context or {}).get("max_prompt_chars") if info.context else None
         if limit is not None and self.prompt_chars > limit:
             raise FieldError(given[0], f"is {self.prompt_chars} characters, over the limit "

@@ -10,13 +10,31 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 # NOTE: the same name as inflight.engine.model_folder.DEFAULT_MODEL_NAME (the wire does not
 # import the engine's model code); tests/schemas check that they agree.
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def speculative_json(value: str | None) -> str | None:
+    """A speculative_config given as JSON text: None when empty or null, else the text of a
+    JSON object (its keys are the engine's to check). ValueError says what is wrong."""
+    if value is None or not value.strip() or value.strip() == "null":
+        return None
+    import json
+
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"speculative_config is not valid JSON ({exc}); give an object such as "
+                         '{"method": "ngram", "num_speculative_tokens": 4}') from None
+    if not isinstance(parsed, dict):
+        raise ValueError("speculative_config must be a JSON object with vLLM's speculative_config "
+                         'keys, such as {"method": "ngram", "num_speculative_tokens": 4}')
+    return value
 
 
 def _data_dir() -> Path:
@@ -54,6 +72,14 @@ class Settings(BaseSettings):
     # (the worker's intake polls every few ms, whatever the engine or the broker does)
     kafka_max_poll_interval_ms: int = 300_000
     kafka_max_message_bytes: int = 1_000_000
+    # How long the broker may hold a fetch that finds nothing new (every consumer of ours:
+    # the worker's intake and cancel reader, the recorder, the results readers of the API
+    # and Client). Kafka answers a fetch as soon as a record lands, so there it only sets
+    # the idle cost (one fetch per this many ms per consumer; Kafka's default is 500); the
+    # embedded Tansu holds a fetch for all of it, so it adds to every hop's latency.
+    kafka_fetch_max_wait_ms: int = Field(default=20, ge=0)
+    # how long a producer of ours waits to fill a batch before sending it
+    kafka_linger_ms: int = Field(default=2, ge=0)
 
     topic_requests: str = "inflight.requests"
     topic_requests_batch: str = "inflight.requests.batch"
@@ -89,6 +115,11 @@ class Settings(BaseSettings):
     enable_prefix_caching: bool = True
     kernels: str | None = None  # torch | triton (None = triton on CUDA, torch on CPU)
     cuda_graphs: bool | None = None  # decode steps as CUDA graphs (None = on for CUDA + triton; 0 = off)
+    tensor_parallel_size: int | None = None  # GPUs (ranks) one worker shards its model over (1)
+    # speculative decoding, vLLM's speculative_config as JSON (None/empty = off), e.g.
+    # INFLIGHT_SPECULATIVE_CONFIG='{"method": "ngram", "num_speculative_tokens": 4}'; the
+    # engine checks the keys (engine/spec/config.py); `inflight worker --speculative-config` wins
+    speculative_config: str | None = None
     # --device cuda:auto: workers of one host claim distinct GPUs through lock files here
     gpu_lock_dir: Path | None = None  # None = <data_dir>/gpu-locks
 
@@ -134,12 +165,19 @@ class Settings(BaseSettings):
     api_max_line_bytes: int = 1_000_000        # one line of a batch file
     api_key_cache_s: float = 2.0               # a verified key is re-checked for revocation this often
     api_wait_timeout_s: float = 600.0          # chat completions: wait this long for the final event
-    api_max_streams: int = 64                  # open SSE streams / waiting chat completions per process
+    # open streams per process (SSE, streamed and waiting chat/text completions), then 503:
+    # all follow one results reader; each holds its events not yet sent (a few KB)
+    api_max_streams: int = Field(default=10_000, ge=1)
     api_final_cache_bytes: int = 64_000_000    # answers of finished requests kept per process (0 = off)
     # the public base URL of the API (https://inference.example.com) for links it hands out
     # (a message batch's results_url); None = links relative to the API's root
     api_public_url: str | None = None
     api_publish_timeout_s: float = 10.0        # a submit waits this long for Kafka's ack (then 503)
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _speculative_json(cls, value: str | None) -> str | None:
+        return speculative_json(value)
 
     def kafka_common(self) -> dict[str, Any]:
         """kafka-python keyword arguments shared by producers, consumers and admin clients."""
@@ -158,8 +196,12 @@ class Settings(BaseSettings):
 
     def rdkafka_common(self) -> dict[str, Any]:
         """The same connection as librdkafka (confluent-kafka) configuration."""
+        # NOTE: Nagle off, as kafka-python has it: with it on, a small request sent while
+        # the previous one is unacknowledged waits for the broker's delayed ACK (the first
+        # token delta right behind a request's status event waited ~20-40 ms)
         opts: dict[str, Any] = {"bootstrap.servers": self.kafka_bootstrap,
-                                "security.protocol": self.kafka_security_protocol.lower()}
+                                "security.protocol": self.kafka_security_protocol.lower(),
+                                "socket.nagle.disable": True}
         if self.kafka_sasl_mechanism:
             opts["sasl.mechanism"] = self.kafka_sasl_mechanism
             opts["sasl.username"] = self.kafka_sasl_username

@@ -116,6 +116,7 @@ class RequestRow(Base):
     usage: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     timings: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     logprobs: Mapped[Any | None] = mapped_column(JSONType)
+    tool_calls: Mapped[Any | None] = mapped_column(JSONType)  # OpenAI's message.tool_calls
     error: Mapped[str | None] = mapped_column(Text)
     error_code: Mapped[str | None] = mapped_column(String(64))
     # admissions of the request by a worker (its status events), counted once each: a

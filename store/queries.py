@@ -374,7 +374,8 @@ class Store(BatchQueries, FileQueries):
             return {r.id: r for r in rows}
 
     def result_rows(self, request_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """{id: {status, output, finish_reason, usage, error, error_code, finished_at}} for
+        """{id: {status, output, finish_reason, usage, error, error_code, finished_at,
+        tool_calls}} for
         the ids that exist: plain dicts through Core (no ORM objects), for writing large
         batch result files."""
         ids = list(request_ids)
@@ -382,7 +383,7 @@ class Store(BatchQueries, FileQueries):
             return {}
         t = RequestRow.__table__.c
         cols = (t.id, t.status, t.output, t.finish_reason, t.usage, t.error, t.error_code,
-                t.finished_at)
+                t.finished_at, t.tool_calls)
         if self.dialect == "postgresql":  # one array parameter, not a thousand binds
             cond = t.id == any_(bindparam("ids", ids, type_=postgresql.ARRAY(String)))
         else:

@@ -29,9 +29,14 @@ def _ts(epoch: float | None) -> datetime | None:
 
 
 def queued_row(req: InferenceRequest) -> dict[str, Any]:
+    params = req.params.to_dict()
+    if req.tools is not None:  # kept with the parameters they turn into
+        params["tools"] = [t.model_dump(mode="json", exclude_none=True) for t in req.tools]
+        params["tool_choice"] = (req.tool_choice if isinstance(req.tool_choice, str) or
+                                 req.tool_choice is None else req.tool_choice.model_dump(mode="json"))
     return {"id": req.request_id, "batch_id": req.batch_id, "status": QUEUED,
             "priority": req.priority, "prompt": req.prompt_json(),
-            "params": req.params.to_dict(),
+            "params": params,
             "created_at": _ts(req.submitted_at)}
 
 
@@ -53,7 +58,9 @@ def final_row(event: FinalEvent) -> dict[str, Any]:
             "usage": event.usage.model_dump(mode="json"),
             "timings": t.model_dump(mode="json"), "worker": event.worker,
             "started_at": _ts(t.scheduled_at if t.scheduled_at is not None else t.queued_at),
-            "finished_at": _ts(t.finished_at), "logprobs": logprobs_column(event)}
+            "finished_at": _ts(t.finished_at), "logprobs": logprobs_column(event),
+            "tool_calls": (None if event.tool_calls is None
+                           else [c.model_dump(mode="json") for c in event.tool_calls])}
 
 
 def logprobs_column(event: FinalEvent) -> dict[str, Any] | None:

@@ -27,7 +27,8 @@ DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 # Read by the tests and benchmark scripts, not by the service (docs/configuration.md says so).
 NOT_SETTINGS = {"INFLIGHT_TEST_POSTGRES", "INFLIGHT_TEST_POSTGRES_URL", "INFLIGHT_TEST_REDIS",
-                "INFLIGHT_TEST_REDIS_URL", "INFLIGHT_BENCH_PROFILE"}
+                "INFLIGHT_TEST_REDIS_URL", "INFLIGHT_BENCH_PROFILE", "INFLIGHT_TEST_DEVICE",
+                "INFLIGHT_TEST_DTYPE"}
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 SPAN = re.compile(r"`([^`\n]+)`")
 METRIC = re.compile(r"\b((?:vllm:|inflight_)[a-zA-Z0-9_:]+)")

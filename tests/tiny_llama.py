@@ -49,23 +49,36 @@ def write_tiny_llama(path, *, vocab_size: int = 320, num_layers: int = 2, hidden
                      num_heads: int = 4, num_kv_heads: int = 2, head_dim: int | None = None,
                      intermediate_size: int | None = None, tie_word_embeddings: bool = True,
                      rope_theta: float = 10000.0, max_position_embeddings: int = 512,
-                     seed: int = 0, weight_scale: float = 8.0) -> pathlib.Path:
+                     seed: int = 0, weight_scale: float = 8.0,
+                     tokenizer_from: str | pathlib.Path | None = None) -> pathlib.Path:
     """Write a random LlamaForCausalLM HF folder to `path` and return it. `head_dim` defaults
-    to hidden_size // num_heads; `weight_scale` multiplies HF's random init."""
+    to hidden_size // num_heads; `weight_scale` multiplies HF's random init.
+    `tokenizer_from`: a model folder whose tokenizer files (and vocabulary size, EOS and BOS
+    ids) the tiny model takes instead of its own small tokenizer (a real model's tokenizer,
+    for tests that depend on it)."""
+    import shutil
+
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(vocab_size)
-    assert tok.get_vocab_size() <= vocab_size, tok.get_vocab_size()
+    bos, eos = 2, 1
+    if tokenizer_from is not None:
+        src = pathlib.Path(tokenizer_from)
+        cfg = json.loads((src / "config.json").read_text())
+        vocab_size, bos, eos = cfg["vocab_size"], cfg.get("bos_token_id", bos), cfg.get("eos_token_id", eos)
+        tok = None
+    else:
+        tok = build_tokenizer(vocab_size)
+        assert tok.get_vocab_size() <= vocab_size, tok.get_vocab_size()
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
         num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         head_dim=head_dim or hidden_size // num_heads,
         intermediate_size=intermediate_size or 2 * hidden_size,
         tie_word_embeddings=tie_word_embeddings, rope_theta=rope_theta,
-        max_position_embeddings=max_position_embeddings, bos_token_id=2, eos_token_id=1,
+        max_position_embeddings=max_position_embeddings, bos_token_id=bos, eos_token_id=eos,
         pad_token_id=0, rms_norm_eps=1e-5, torch_dtype="float32",
     )
     torch.manual_seed(seed)
@@ -79,6 +92,11 @@ def write_tiny_llama(path, *, vocab_size: int = 320, num_layers: int = 2, hidden
             else:
                 p.normal_(0.0, weight_scale / (p.shape[-1] ** 0.5) / 4)
     model.save_pretrained(path, safe_serialization=True)
+    if tok is None:
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            if (src / name).is_file():
+                shutil.copy(src / name, path / name)
+        return path
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({
         "eos_token": "</s>", "bos_token": "<s>", "unk_token": "<unk>", "pad_token": "<unk>",

@@ -21,6 +21,7 @@ from inflight.schemas.events import Logprobs
 from inflight.schemas.params import (MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
                             MAX_TOKENS_LIMIT, SEED_MAX, TokenId)
 from inflight.schemas.requests import MAX_MESSAGES, PRIORITY_INTERACTIVE
+from inflight.schemas.tools import MAX_TOOLS, ToolCall, ToolChoice, parse_tool_calls
 
 
 class TextPart(BaseModel):
@@ -29,11 +30,52 @@ class TextPart(BaseModel):
     text: str
 
 
-class ChatMessageIn(BaseModel):
+class TextMessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user"]
     content: str | list[TextPart]
     name: Annotated[str, Field(max_length=64)] | None = None
+
+
+class AssistantMessageIn(BaseModel):
+    """An earlier answer: text, and/or the tool calls it made (content null then)."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None
+    name: Annotated[str, Field(max_length=64)] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=128)] | None = None
+    refusal: None = None
+
+
+class ToolMessageIn(BaseModel):
+    """The result of one of the assistant's tool calls."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: Annotated[str, Field(max_length=128)]
+
+
+ChatMessageIn = Annotated[TextMessageIn | AssistantMessageIn | ToolMessageIn,
+                          Field(discriminator="role")]
+
+
+class FunctionIn(BaseModel):
+    """A tool's function; its `parameters` schema is compiled when the body becomes a
+    request (a schema the grammar engine refuses is a 400 with code invalid_schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+    description: Annotated[str, Field(max_length=8192)] | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionIn
 
 
 class StreamOptions(BaseModel):
@@ -41,16 +83,41 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class TextFormat(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
+
+
+class JsonObjectFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
 
 
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions. Sampling: max_tokens (or max_completion_tokens),
     temperature, top_p, seed, stop, logprobs + top_logprobs (not with stream), and vLLM's
-    top_k, stop_token_ids, ignore_eos. Only the neutral value of n, penalties, logit_bias
-    and response_format is accepted."""
+    top_k, stop_token_ids, ignore_eos. Output constraints: response_format (text,
+    json_object, json_schema), tools + tool_choice (none, auto, required, a named function)
+    + parallel_tool_calls, and vLLM's structured_outputs (json, json_object, regex,
+    choice, grammar, structural_tag). Only the neutral value of n, penalties and logit_bias
+    is accepted."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -79,6 +146,10 @@ class ChatCompletionRequest(BaseModel):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS, strict=True)] | None = None
     logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
     response_format: ResponseFormat | None = None
+    tools: Annotated[list[ToolIn], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    structured_outputs: dict[str, Any] | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -90,7 +161,7 @@ class ChatCompletionRequest(BaseModel):
         if self.logprobs and self.stream:
             raise SchemaError("logprobs are answered with the whole completion; use them "
                               "with stream: false", field="logprobs")
-        body = self.model_dump(mode="json", exclude_none=True,
+        body = self.model_dump(mode="json", exclude_none=True, by_alias=True,
                                exclude={"stream", "stream_options", "logprobs", "top_logprobs"})
         line = orjson.dumps({"custom_id": request_id, "method": "POST", "url": CHAT_URL,
                              "body": body})
@@ -118,12 +189,13 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     refusal: None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     logprobs: Logprobs | None = None
 
 
@@ -146,11 +218,16 @@ def finish_of(reason: str) -> str:
 
 
 def completion(request_id: str, model: str, final: Any) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": final.text, "refusal": None}
+    finish = finish_of(final.finish_reason)
+    if final.tool_calls:  # the text outside the calls is the content (None when empty)
+        message["content"] = parse_tool_calls(final.text, request_id)[0]
+        message["tool_calls"] = [c.model_dump(mode="json") for c in final.tool_calls]
+        finish = "tool_calls" if finish == "stop" else finish  # cut short: "length"
     return {"id": f"chatcmpl-{request_id}", "object": "chat.completion",
             "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": final.text,
-                                                 "refusal": None},
-                         "finish_reason": finish_of(final.finish_reason),
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": finish,
                          "logprobs": (final.logprobs.model_dump(mode="json")
                                       if final.logprobs is not None else None)}],
             "usage": usage_of(final.usage)}

@@ -13,6 +13,7 @@ from inflight.schemas.base import ID_PATTERN
 from inflight.schemas.codec import schema_error
 from inflight.schemas.params import TokenId, WireSamplingParams
 from inflight.schemas.requests import MAX_MESSAGES, MAX_METADATA_KEYS, PRIORITY_MAX, PRIORITY_MIN
+from inflight.schemas.tools import MAX_TOOLS, Tool, ToolChoice
 
 RequestStatus = Literal["queued", "running", "completed", "failed", "cancelled", "expired"]
 RequestId = Annotated[str, Field(pattern=ID_PATTERN, max_length=128,
@@ -42,11 +43,17 @@ class SubmitRequest(BaseModel):
                         Field(max_length=MAX_METADATA_KEYS)] | None = None
     stream: bool | None = Field(default=None, description="publish token deltas (for GET "
                                 ".../events); default: on below priority 10, off above")
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = Field(
+        default=None, description="OpenAI function tools (with messages): the answer's calls "
+                                  "come back as the result's tool_calls")
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def to_wire(self, request_id: str, max_prompt_chars: int) -> InferenceRequest:
         """The wire request (raises SchemaError naming the field, e.g. two inputs given)."""
         fields: dict[str, Any] = {"request_id": request_id, "priority": self.priority}
-        for name in ("prompt", "messages", "prompt_token_ids", "params", "metadata", "stream"):
+        for name in ("prompt", "messages", "prompt_token_ids", "params", "metadata", "stream",
+                     "tools", "tool_choice", "parallel_tool_calls"):
             value = getattr(self, name)
             if value is not None:
                 fields[name] = value
@@ -92,6 +99,9 @@ class RequestObject(BaseModel):
     logprobs: dict[str, Any] | None = Field(default=None, description="when params.logprobs "
                                             "was set: OpenAI's choice.logprobs object (plus "
                                             "prompt_logprobs when asked)")
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, description="a request "
+                                                    "with tools: the calls its answer made "
+                                                    "(OpenAI's message.tool_calls)")
 
 
 def _epoch(value: datetime | None) -> float | None:
@@ -116,7 +126,7 @@ def request_object(row: Any) -> dict[str, Any]:
             "priority": row.priority, "text": row.output, "token_ids": row.output_token_ids,
             "finish_reason": row.finish_reason, "usage": usage, "timings": row.timings,
             "error": error, "worker": row.worker, "attempts": row.attempts or 0,
-            "logprobs": row.logprobs}
+            "logprobs": row.logprobs, "tool_calls": row.tool_calls}
 
 
 def queued_object(req: InferenceRequest) -> dict[str, Any]:
@@ -125,4 +135,4 @@ def queued_object(req: InferenceRequest) -> dict[str, Any]:
             "created_at": req.submitted_at, "started_at": None, "finished_at": None,
             "batch_id": req.batch_id, "priority": req.priority, "text": None,
             "token_ids": None, "finish_reason": None, "usage": None, "timings": None,
-            "error": None, "worker": None, "attempts": 0, "logprobs": None}
+            "error": None, "worker": None, "attempts": 0, "logprobs": None, "tool_calls": None}

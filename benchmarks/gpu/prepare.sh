@@ -21,7 +21,8 @@ echo "prepare: versions from $PY ($("$PY" --version))"
 # fetches exactly these; keep one version of each).
 PACKAGES=(pydantic pydantic_core pydantic-settings python-dotenv annotated-types
           typing-inspection typing_extensions orjson kafka-python confluent-kafka SQLAlchemy
-          alembic Mako)
+          alembic Mako
+          llguidance jsonschema jsonschema-specifications referencing rpds-py attrs)
 
 pins=()
 for name in "${PACKAGES[@]}"; do

@@ -20,6 +20,23 @@
 #   quant       benchmarks/bench_quant_gemm.py: the 1B shape's GEMMs at batch 1/16/64 vs bf16
 #               cuBLAS (CUDA-graph replay), then decode ms/step of the 1B model quantized
 #               w8 / w4-g128 (round-to-nearest on the GPU) vs bf16
+#   structured  benchmarks/structured.py --device cuda on the 135M shape (random weights:
+#               the decode cost and the compile times; validity needs the real weights):
+#               constrained vs free step ms at batch 1/32/64 (CUDA graphs, overlap off while
+#               grammars run), host µs per constrained sequence per step
+#   tp          benchmarks/tensor_parallel.py at TP=1 (one GPU): the plain engine vs the
+#               tensor-parallel code path over one rank, 1B shape, CUDA graphs on and off:
+#               the plumbing's cost per decode step (must be about 0), tokens identical
+#   families-exact-*  each model family's exactness test (tests/engine/test_families.py)
+#               on the GPU, fp32 then bf16
+#   family-*    a random checkpoint of each family's real shape (Llama-3.1-8B, Qwen2.5-7B,
+#               Qwen3-8B, Mistral-7B, Gemma-3-4B, Phi-3-mini; FAMILY_LAYERS layers, 4 by
+#               default) through benchmarks/throughput.py (256 requests) vs HF static
+#               batches (64 requests)
+# GPU_CHECK_ONLY="families family" runs only the stages whose names start with one of
+# those words (install and models always run): the family stages do not fit in the same
+# call as the rest, so they are a second call of their own (GPU_CHECK_ONLY=tp: the tp stage
+# alone, when the first call's budget ran out before it).
 # Everything lands in $OUT (at most 8 files come back): run_all.log (all output),
 # summary.md (the tables), results.json (all figures).
 #
@@ -43,6 +60,14 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 stage() {
     local name=$1 limit=$2
     shift 2
+    if [ -n "${GPU_CHECK_ONLY:-}" ] && [ "$name" != install ] && [ "$name" != models ]; then
+        local word picked=0
+        for word in $GPU_CHECK_ONLY; do [[ "$name" == "$word"* ]] && picked=1; done
+        if (( ! picked )); then
+            echo "=== $name: not selected (GPU_CHECK_ONLY=$GPU_CHECK_ONLY)"
+            return 0
+        fi
+    fi
     local left=$(( DEADLINE - $(date +%s) - 5 ))
     if (( left < 20 )); then
         echo "=== $name: SKIPPED (budget spent)"
@@ -99,7 +124,8 @@ stage models 150 bash -c "'$PY' benchmarks/gpu/make_model.py '$M135' '$TOK' ${SH
                           '$PY' benchmarks/gpu/make_model.py '$M1B' '$TOK' ${SHAPE_1B[*]}"
 
 # -- GPU tests ---------------------------------------------------------------------------
-GPU_TESTS=(tests/engine/test_cuda.py tests/engine/test_kv_sizing.py tests/engine/test_device.py)
+GPU_TESTS=(tests/engine/test_cuda.py tests/engine/test_kv_sizing.py tests/engine/test_device.py
+           tests/engine/test_structured.py::test_on_cuda_with_graphs_and_overlapped_outputs)
 if [ "$SMOKE" = 1 ]; then
     stage tests 120 "$PY" -m pytest -q -p no:cacheprovider "${GPU_TESTS[@]}"
 else
@@ -139,6 +165,53 @@ else
     stage quant 150 "$PY" benchmarks/bench_quant_gemm.py --quick --model-1b "$M1B" \
         --work "$WORK/models" --decode-batches 1,64 --decode-tokens 32 --json "$WORK/json/quant.json"
 fi
+
+# -- structured outputs: the mask on the device, its cost per step -----------------------------------
+if [ "$SMOKE" = 1 ]; then
+    stage structured 120 "$PY" benchmarks/structured.py --model "$M135" --device "$DEVICE" \
+        --dtype "$DTYPE" --batch-sizes 1,4 --steps 3 --skip-validity --json "$WORK/json/structured.json"
+else
+    stage structured 120 "$PY" benchmarks/structured.py --model "$M135" --device "$DEVICE" \
+        --dtype "$DTYPE" --batch-sizes 1,32,64 --steps 30 --skip-validity \
+        --json "$WORK/json/structured.json"
+fi
+
+# -- tensor-parallel plumbing at TP=1 ----------------------------------------------------------
+if [ "$SMOKE" = 1 ]; then
+    stage tp 120 "$PY" benchmarks/tensor_parallel.py --model "$M135" --device cpu --dtype float32 \
+        --sizes 1,2 --num-requests 4 --prompt-len 16 --max-tokens 4 --rounds 1 \
+        --json "$WORK/json/tensor-parallel.json"
+else
+    stage tp 100 "$PY" benchmarks/tensor_parallel.py --model "$M1B" --device cuda --dtype bfloat16 \
+        --sizes 1 --cuda-graphs both --num-requests 32 --prompt-len 128 --max-tokens 64 --rounds 3 \
+        --kv-cache-mib 4096 --json "$WORK/json/tensor-parallel.json"
+fi
+
+# -- model families: exact on the GPU, real shapes through the throughput benchmark --------------
+if [ "$SMOKE" = 1 ]; then
+    FAMILY_DTYPES="float32" FAMILY_LAYERS=${FAMILY_LAYERS:-2} FAMILY_SHAPE=--tiny
+    FAMILY_PRESETS=${FAMILY_PRESETS:-llama-3.1-8b qwen2.5-7b qwen3-8b mistral-7b gemma-3-4b phi-3-mini}
+    FAMILY_REQUESTS=8 FAMILY_HF_REQUESTS=4 FAMILY_SEQS=8 FAMILY_TOKENS=512
+else
+    FAMILY_DTYPES="float32 bfloat16"
+    FAMILY_PRESETS=${FAMILY_PRESETS:-llama-3.1-8b qwen2.5-7b qwen3-8b mistral-7b gemma-3-4b phi-3-mini}
+    FAMILY_LAYERS=${FAMILY_LAYERS:-4} FAMILY_REQUESTS=256 FAMILY_HF_REQUESTS=64 FAMILY_SEQS=256
+    FAMILY_TOKENS=8192 FAMILY_SHAPE=
+fi
+for dt in $FAMILY_DTYPES; do
+    stage "families-exact-$dt" 150 env INFLIGHT_TEST_DEVICE="$DEVICE" INFLIGHT_TEST_DTYPE="$dt" \
+        "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_families.py
+done
+for preset in $FAMILY_PRESETS; do
+    model=$WORK/models/family-$preset
+    stage "family-$preset" 75 bash -c "'$PY' benchmarks/gpu/make_model.py '$model' '$TOK' --preset $preset \
+            --layers $FAMILY_LAYERS --dtype $DTYPE $FAMILY_SHAPE && \
+        '$PY' benchmarks/throughput.py --model '$model' --device $DEVICE --dtype $DTYPE \
+            --num-requests $FAMILY_REQUESTS --max-num-seqs $FAMILY_SEQS \
+            --max-num-batched-tokens $FAMILY_TOKENS --kv-cache-mib 0 --hf-batch-size 64 \
+            --hf-num-requests $FAMILY_HF_REQUESTS --json '$WORK/json/family-$preset.json'; \
+        rc=\$?; rm -rf '$model'; exit \$rc"
+done
 
 # -- summary -----------------------------------------------------------------------------------
 "$PY" benchmarks/gpu/summarize.py "$WORK" "$OUT"

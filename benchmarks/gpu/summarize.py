@@ -97,7 +97,41 @@ def summarize(data: dict) -> list[str]:
     md += table(["shape", "eager ms", "graph ms", "% HBM (graph)", "torch graph ms",
                  "speedup", "target"], rows)
     md += quant_section(data.get("quant", {}))
+    md += families_section(data)
+    md += tp_section(data.get("tensor-parallel", {}))
     return md
+
+
+def families_section(data: dict) -> list[str]:
+    md = ["## Model families (tests/engine/test_families.py; real shapes through throughput.py)", ""]
+    rows = [[s["stage"], "passed" if s["rc"] == "0" else f"rc {s['rc']}", s["seconds"]]
+            for s in data["stages"] if s["stage"].startswith("families-exact-")]
+    md += table(["exactness stage", "result", "seconds"], rows)
+    rows = []
+    for key in sorted(k for k in data if k.startswith("family-")):
+        t = data[key]
+        if "engine" not in t:
+            continue
+        e, h = t["engine"], t.get("hf") or {}
+        rows.append([key[len("family-"):], e.get("output_tokens"), f"{e['tok_s']:.0f}",
+                     f"{h['tok_s']:.0f}" if h else "-", f"{t['ratio']:.1f}x" if h else "-"])
+    md += table(["shape (fewer layers)", "engine output tokens", "engine tok/s", "HF tok/s", "ratio"], rows)
+    return md
+
+
+def tp_section(t: dict) -> list[str]:
+    """TP=1 through the tensor-parallel code path (mp@1) against the plain engine (uni):
+    the plumbing's cost per decode step, which must be about 0."""
+    md = ["## Tensor-parallel plumbing at TP=1 (benchmarks/tensor_parallel.py)", "",
+          "Target: mp@1 - uni about 0 ms per decode step; tokens identical.", ""]
+    rows = []
+    for r in t.get("results", []):
+        extra, cpu = r.get("plumbing_decode_ms"), r.get("plumbing_decode_cpu_ms")
+        rows.append([r["model"], r["config"], r["tokens_identical"], f"{r['decode_ms']:.3f}",
+                     f"{r['decode_cpu_ms']:.3f}", f"{r['prefill_ms']:.2f}",
+                     "-" if extra is None else f"{extra:+.3f}", "-" if cpu is None else f"{cpu:+.3f}"])
+    return md + table(["model", "config", "tokens = uni", "decode ms/step", "host CPU ms/step",
+                       "prefill ms/step", "plumbing ms/step", "plumbing CPU ms/step"], rows)
 
 
 # quantized GEMMs, at batch 1 over the 1B shape's layer: (W8A16, W4A16) speedup over bf16 cuBLAS

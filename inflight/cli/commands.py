@@ -13,6 +13,7 @@ import orjson
 
 from inflight.cli import cli_io
 from inflight.schemas import SchemaError, Settings, parse_batch_line
+from inflight.schemas.settings import speculative_json
 
 
 def _params(args: Any) -> dict[str, Any]:
@@ -25,7 +26,35 @@ def _params(args: Any) -> dict[str, Any]:
         p["stop"] = args.stop
     if args.ignore_eos:
         p["ignore_eos"] = True
+    so = _structured(args)
+    if so is not None:
+        p["structured_outputs"] = so
     return p
+
+
+def _structured(args: Any) -> dict[str, Any] | None:
+    """--json-schema FILE / --json-object / --regex / --choice (repeatable) / --grammar FILE."""
+    if getattr(args, "json_schema", None):
+        try:
+            with open(args.json_schema, "rb") as f:
+                return {"json": orjson.loads(f.read())}
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise SchemaError(f"--json-schema {args.json_schema}: not a readable JSON file "
+                              f"({exc})", field="json_schema") from None
+    if getattr(args, "grammar", None):
+        try:
+            with open(args.grammar, encoding="utf-8") as f:
+                return {"grammar": f.read()}
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SchemaError(f"--grammar {args.grammar}: not a readable text file ({exc})",
+                              field="grammar") from None
+    if getattr(args, "json_object", False):
+        return {"json_object": True}
+    if getattr(args, "regex", None) is not None:
+        return {"regex": args.regex}
+    if getattr(args, "choice", None):
+        return {"choice": list(args.choice)}
+    return None
 
 
 def _result_human(res: Any) -> str:
@@ -153,6 +182,11 @@ def _overrides(args: Any, settings: Settings) -> Settings:
         update["worker_max_inflight"] = args.max_inflight
     if getattr(args, "metrics_port", None) is not None:
         update["metrics_port"] = args.metrics_port
+    if getattr(args, "speculative_config", None) is not None:
+        try:
+            update["speculative_config"] = speculative_json(args.speculative_config)
+        except ValueError as exc:
+            raise SystemExit(f"inflight worker --speculative-config: {exc}") from None
     return settings.model_copy(update=update) if update else settings
 
 
@@ -161,7 +195,7 @@ def cmd_worker(args: Any, settings: Settings) -> int:
 
     settings = _overrides(args, settings)
     engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
-                          dtype=args.dtype)
+                          dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size)
     return run_worker(settings, engine)
 
 
@@ -195,6 +229,15 @@ def register(sub: Any) -> None:
     s.add_argument("--batch-id", default=None)
     s.add_argument("--priority", type=int, default=None, help="lower = more urgent; >= 10 goes to the batch topic")
     _add_sampling(s)
+    c = s.add_mutually_exclusive_group()  # structured outputs (docs/structured-outputs.md)
+    c.add_argument("--json-schema", metavar="FILE", default=None,
+                   help="the output is JSON matching the JSON Schema in FILE")
+    c.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    c.add_argument("--regex", default=None, help="the output matches this regular expression")
+    c.add_argument("--choice", action="append", default=None,
+                   help="the output is one of these strings (repeatable)")
+    c.add_argument("--grammar", metavar="FILE", default=None,
+                   help="the output follows the grammar in FILE (Lark or GBNF)")
     s.add_argument("--stream", action="store_true", help="then stream its tokens")
     s.add_argument("--wait", action="store_true", help="then wait for its stored result")
     s.add_argument("--timeout", type=float, default=120.0)
@@ -225,7 +268,12 @@ def register(sub: Any) -> None:
     w.add_argument("--kv-cache-mb", type=int, default=None)
     w.add_argument("--device", default=None, help="cpu | cuda")
     w.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    w.add_argument("--tensor-parallel-size", type=int, default=None,
+                   help="shard the model over N ranks (GPUs cuda:i..i+N-1; INFLIGHT_TENSOR_PARALLEL_SIZE)")
     w.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
+    w.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding with vLLM\'s keys, e.g. \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4}\' (wins over INFLIGHT_SPECULATIVE_CONFIG)')
     w.set_defaults(func=cmd_worker)
 
     rc = sub.add_parser("recorder", help="run the recorder (results -> store)")

@@ -53,6 +53,31 @@ def test_build_engine_uses_settings(tiny_model):
     assert engine.config.enable_prefix_caching is False and engine.config.kv_cache_bytes == 1 << 20
 
 
+def test_speculative_config_from_the_environment_the_cli_and_compose(monkeypatch, tiny_model):
+    from inflight.cli.commands import _overrides
+    from inflight.engine import EngineConfig
+    from inflight.cli.main import build_parser
+    from tests.deploy.files import COMPOSE, load_compose
+
+    monkeypatch.setenv("INFLIGHT_SPECULATIVE_CONFIG", '{"method": "ngram", "num_speculative_tokens": 3}')
+    engine = build_engine(Settings(kv_cache_bytes=1 << 20), str(tiny_model))
+    assert engine.config.speculative_config.num_speculative_tokens == 3 and engine.spec is not None
+    # the worker's flag wins
+    args = build_parser().parse_args(["worker", "--speculative-config",
+                                      '{"method": "suffix", "num_speculative_tokens": 5}'])
+    assert _overrides(args, Settings()).speculative_config == args.speculative_config
+    with pytest.raises(SystemExit, match="--speculative-config: speculative_config is not valid JSON"):
+        _overrides(build_parser().parse_args(["worker", "--speculative-config", "{ngram"]), Settings())
+    # compose: unset is off; SPECULATIVE_CONFIG=... turns it on
+    monkeypatch.delenv("INFLIGHT_SPECULATIVE_CONFIG")
+    text = COMPOSE.read_text().replace("${SPECULATIVE_CONFIG:-}", "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
+    for doc, want in ((load_compose(), None), (load_compose(text), 4)):
+        value = doc["services"]["worker"]["environment"]["INFLIGHT_SPECULATIVE_CONFIG"]
+        spec = engine_overrides(Settings(speculative_config=value or None)).get("speculative_config")
+        assert (spec and EngineConfig(model="m", speculative_config=spec).speculative_config
+                .num_speculative_tokens) == want
+
+
 def test_claim_gpu_hands_out_distinct_devices(tmp_path):
     first, h0 = claim_gpu(tmp_path, 2)
     second, h1 = claim_gpu(tmp_path, 2)
@@ -66,6 +91,31 @@ def test_claim_gpu_hands_out_distinct_devices(tmp_path):
     h2.close()
     with pytest.raises(ConfigError, match="no CUDA device"):
         claim_gpu(tmp_path, 0)
+
+
+def test_claim_gpu_hands_out_aligned_blocks_for_tensor_parallel_workers(tmp_path):
+    """Workers of 2 ranks on 5 GPUs: GPUs 0-1, then 2-3; GPU 4 is left over."""
+    first, c0 = claim_gpu(tmp_path, 5, 2)
+    second, c1 = claim_gpu(tmp_path, 5, 2)
+    assert (first, second) == (0, 2) and len(c0.handles) == 2
+    with pytest.raises(ConfigError, match="at most 2 workers of 2 GPUs each"):
+        claim_gpu(tmp_path, 5, 2)
+    one, c2 = claim_gpu(tmp_path, 5)  # a one-GPU worker takes the one left
+    assert one == 4
+    c0.close()
+    assert claim_gpu(tmp_path, 5, 2)[0] == 0
+    with pytest.raises(ConfigError, match="needs 4 GPUs per worker, but this host shows 2"):
+        claim_gpu(tmp_path, 2, 4)
+
+
+def test_tensor_parallel_size_comes_from_the_environment_and_the_flag(monkeypatch):
+    from inflight.cli.main import build_parser
+
+    monkeypatch.setenv("INFLIGHT_TENSOR_PARALLEL_SIZE", "2")
+    assert engine_overrides(Settings())["tensor_parallel_size"] == 2
+    assert engine_overrides(Settings(), tensor_parallel_size=4)["tensor_parallel_size"] == 4
+    args = build_parser().parse_args(["worker", "--tensor-parallel-size", "4"])
+    assert args.tensor_parallel_size == 4
 
 
 def test_claim_survives_kill_9_of_the_holder(tmp_path):

@@ -125,3 +125,26 @@ def test_observe_many_with_weights_equals_repeated_observes():
     for key, v in samples["one"].items():
         assert abs(samples["many"][key] - v) < 1e-9, key
     assert samples["many"]["_count[]"] == 6
+
+
+def test_speculative_decoding_counters_under_vllms_names(tiny_model):
+    """From a real engine's stats(): drafts, draft tokens, accepted tokens and accepted
+    tokens per position, as the increments of Engine.stats()' running totals."""
+    from inflight.engine import Engine, EngineConfig, SamplingParams
+
+    spec = {"method": "draft_model", "model": str(tiny_model), "num_speculative_tokens": 3}
+    eng = Engine(EngineConfig(model=tiny_model, num_kv_blocks=64, speculative_config=spec))
+    reg = CollectorRegistry()
+    m = EngineMetrics(reg, "m")
+    m.observe_stats(eng.stats())
+    eng.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True))
+    m.observe_stats(eng.stats())
+    m.observe_stats(eng.stats())  # counted once
+    s = eng.stats()
+    assert s["spec_decode_num_drafts"] > 0 and s["spec_decode_acceptance_rate"] == 1.0
+    assert value(reg, "vllm:spec_decode_num_drafts_total") == s["spec_decode_num_drafts"]
+    assert value(reg, "vllm:spec_decode_num_draft_tokens_total") == s["spec_decode_num_draft_tokens"]
+    assert value(reg, "vllm:spec_decode_num_accepted_tokens_total") == s["spec_decode_num_accepted_tokens"]
+    for pos, n in enumerate(s["spec_decode_accepted_per_pos"]):
+        assert value(reg, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(pos)) == n
+    assert s["spec_decode_mean_accepted_length"] == 1 + s["spec_decode_num_accepted_tokens"] / s["spec_decode_num_drafts"]

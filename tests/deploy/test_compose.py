@@ -88,6 +88,16 @@ def test_workers_run_on_the_gpu_in_bf16_in_one_group():
     assert not worker.get("ports"), "published ports clash between replicas"
 
 
+def test_a_worker_claims_its_tensor_parallel_gpus():
+    """The shape of a tensor-parallel deployment: every replica sees all GPUs (cuda:auto
+    claims a block of INFLIGHT_TENSOR_PARALLEL_SIZE of them) and has room in /dev/shm."""
+    worker = load_compose()["services"]["worker"]
+    assert build_parser().parse_args(worker["command"]).device == "cuda:auto"
+    assert worker["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "all"
+    assert int(worker["environment"]["INFLIGHT_TENSOR_PARALLEL_SIZE"]) == 1  # the default shape
+    assert worker["shm_size"]
+
+
 def test_every_inflight_variable_is_a_setting():
     known = settings_env_names()
     compose = load_compose()

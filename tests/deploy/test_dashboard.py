@@ -49,7 +49,10 @@ def test_every_charted_metric_is_exported():
                  "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
                  "vllm:e2e_request_latency_seconds_bucket", "vllm:request_queue_time_seconds_bucket",
                  "inflight_kafka_consumer_lag", "inflight_worker_dlq_total",
-                 "inflight_recorder_batch_size_sum", "inflight_recorder_commit_latency_seconds_bucket"):
+                 "inflight_recorder_batch_size_sum", "inflight_recorder_commit_latency_seconds_bucket",
+                 "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_per_pos_total"):
         assert name in used, f"{name} is not charted"
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))

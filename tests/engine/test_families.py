@@ -138,3 +138,14 @@ def test_gemma3_softcapped_logits(tmp_path, prompts):
         logp = logits.log_softmax(-1)
         want = logp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
         assert max(abs(a - b) for a, b in zip(scored.logprobs[1:], want)) < 1e-4
+
+
+def test_yarn_runs_past_max_position_embeddings(tmp_path, prompts):
+    """A YaRN config's context is original x factor (Qwen2.5's 128k from a 32k config),
+    even past max_position_embeddings; transformers runs it there too."""
+    rope = dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0, original_max_position_embeddings=32)
+    path = write_tiny_family(tmp_path / "y", "qwen2.5-yarn", max_position_embeddings=64, rope_parameters=rope)
+    fam = Family(path, prompts)
+    eng = engine(path, num_kv_blocks=128, max_num_batched_tokens=48)
+    assert eng.max_model_len == 128 and max(map(len, prompts)) + N > 64
+    fam.check(eng.generate(prompts, GREEDY), prompts)

@@ -253,3 +253,16 @@ def test_other_refusals():
         read(dict(SMALL, architectures=["Gemma3ForConditionalGeneration"]))
     with pytest.raises(ModelError, match="'quantization_config'|another tool"):
         read(dict(SMALL, architectures=["LlamaForCausalLM"], quantization_config=dict(quant_method="awq")))
+
+
+def test_max_context():
+    qwen = dict(SMALL, architectures=["Qwen2ForCausalLM"], max_position_embeddings=32768,
+                rope_scaling=dict(type="yarn", factor=4.0, original_max_position_embeddings=32768))
+    assert read(qwen).max_context == 131072
+    llama3 = as_json(hf_config("llama", max_position_embeddings=131072, rope_parameters=dict(
+        rope_type="llama3", rope_theta=5e5, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=8192)), "llama")
+    assert read(llama3).max_context == 131072
+    dynamic = as_json(hf_config("llama", rope_parameters=dict(rope_type="dynamic", rope_theta=1e4,
+                                                              factor=4.0)), "llama")
+    assert read(dynamic).max_context == 512  # where dynamic NTK equals transformers' exactly

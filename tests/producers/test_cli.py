@@ -73,6 +73,35 @@ def test_submit_prompt_and_openai_batch_file(cli_env, capsys, tmp_path):
     assert rc == 0 and "cancel sent" in out
 
 
+def test_submit_constraint_flags(cli_env, capsys, tmp_path):
+    s = cli_env
+    schema = tmp_path / "person.json"
+    schema.write_text('{"type": "object", "properties": {"name": {"type": "string"}}}')
+    runs = [(["--json-schema", str(schema)], {"json": {"type": "object", "properties": {
+                "name": {"type": "string"}}}}),
+            (["--regex", "[0-9]{3}"], {"regex": "[0-9]{3}"}),
+            (["--choice", "yes", "--choice", "no"], {"choice": ["yes", "no"]}),
+            (["--json-object"], {"json_object": True})]
+    for i, (flags, want) in enumerate(runs):
+        rc, _ = _run(capsys, "submit", "hi", "--id", f"so-{i}", "--json", *flags)
+        assert rc == 0
+    bodies = {orjson.loads(r.value)["request_id"]: orjson.loads(r.value)
+              for r in read_topic(s, s.topic_requests, len(runs))}
+    for i, (_, want) in enumerate(runs):
+        got = {k: v for k, v in bodies[f"so-{i}"]["params"]["structured_outputs"].items()
+               if v is not None}
+        assert got == want
+    # a schema that does not compile is refused before anything is sent, with the reason
+    from inflight.cli.main import main
+
+    schema.write_text('{"type": "strng"}')
+    rc = main(["submit", "hi", "--json-schema", str(schema)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "strng" in err and "structured_outputs.json" in err
+    rc = main(["submit", "hi", "--json-schema", str(tmp_path / "missing.json")])
+    assert rc == 2 and "--json-schema" in capsys.readouterr().err
+
+
 def test_demo_runs_the_whole_path():
     from inflight.cli.model import default_model_dir, is_hf_folder
     from inflight.schemas import Settings

@@ -33,9 +33,9 @@ def test_upgrade_from_empty_database(empty_db_url, tmp_path, monkeypatch):
     assert "ix_requests_owner" in tables["requests"]
     assert {"files", "file_chunks"} <= set(tables)
     assert "ix_api_keys_owner" in tables["api_keys"]
-    assert current_revision(url) == head_revision() == "0004"
+    assert current_revision(url) == head_revision() == "0005"
     upgrade(url)  # a second upgrade is a no-op
-    assert current_revision(url) == "0004"
+    assert current_revision(url) == "0005"
 
 
 def test_models_match_the_migration(empty_db_url):

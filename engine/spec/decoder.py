@@ -1,0 +1,117 @@
+"""The engine's side of speculative decoding: who speculates in a step, how many drafts
+each may get, and what the verification accepted (the counters of `Engine.stats()`).
+
+A running request speculates in a step when all of these hold:
+
+    - the step's running batch has at most `disable_by_batch_size` requests
+      (above it the device is compute-bound: drafts cost more than they save);
+    - its SamplingParams.speculative is True, or None and its priority is below
+      `batch_priority` (batch work is compute-bound by design);
+    - it has no structured output (a grammar would have to mask every draft position);
+    - it is decoding (its computed tokens have caught up but for its last token) and
+      has room: k is cut so that the last token a verification could emit is at most
+      the request's last (max_tokens, context), so no K/V is computed past it;
+    - drafts pay for themselves at its acceptance rate so far: it asks for the number
+      of drafts that does (engine/spec/adaptive.py; none: it decodes plainly).
+"""
+
+from __future__ import annotations
+
+from inflight.engine.request import Request, RequestStatus
+from inflight.engine.spec.adaptive import DraftLength
+from inflight.engine.spec.config import DRAFT_TOKEN_COST, SpeculativeConfig
+from inflight.engine.spec.stats import SpecStats
+
+
+class SpecDecoder:
+    def __init__(self, config: SpeculativeConfig, proposer, device_type: str = "cpu"):
+        """`proposer.propose(requests, limits) -> drafts per request` (engine/spec/ngram.py,
+        suffix.py, draft.py); `proposer.finished(request)` when one ends."""
+        self.config = config
+        self.k = config.num_speculative_tokens
+        self.proposer = proposer
+        self.stats = SpecStats(self.k)
+        cost = config.draft_token_cost
+        self.draft_token_cost = DRAFT_TOKEN_COST.get(device_type, DRAFT_TOKEN_COST["cuda"]) \
+            if cost is None else cost
+
+    def enabled_for(self, req: Request) -> bool:
+        on = req.params.speculative
+        return req.priority < self.config.batch_priority if on is None else on
+
+    def may_speculate(self, running: list[Request]) -> bool:
+        """Could a step over this running batch speculate at all? (Cheap: no proposals.)"""
+        limit = self.config.disable_by_batch_size
+        if not running or (limit is not None and len(running) > limit):
+            return False
+        return any(self.enabled_for(r) for r in running)
+
+    def propose(self, running: list[Request]) -> dict[Request, list[int]]:
+        """Drafts for the next step, by request (only those that got some)."""
+        if not self.may_speculate(running):
+            return {}
+        reqs, limits = [], []
+        for req in running:
+            if req.status is not RequestStatus.RUNNING or req.num_pending or not req.output_token_ids:
+                continue
+            if req.num_tokens - req.num_computed_tokens != 1 or not self.enabled_for(req):
+                continue
+            if req.grammar is not None:  # each draft would need its own mask
+                continue
+            limit = min(self.k, req.max_num_tokens - req.num_tokens - 1)
+            if limit <= 0:
+                continue
+            length = req.spec_draft
+            if length is None:
+                length = req.spec_draft = DraftLength()
+            want = length.choose(limit, self.draft_token_cost)
+            if want:
+                reqs.append(req)
+                limits.append(want)
+            else:
+                length.idle()
+        if not reqs:
+            return {}
+        drafts = self.proposer.propose(reqs, limits)
+        return {r: d for r, d in zip(reqs, drafts) if d}
+
+    def draft_probs(self, sched) -> object:
+        """The draft model's probabilities of the step's sampled drafts ([n, K, V]), or
+        None (greedy drafts, or point-mass proposers: n-gram, suffix)."""
+        get = getattr(self.proposer, "draft_probs", None)
+        if get is None or not sched.spec_token_ids:
+            return None
+        K = max(len(d) for d in sched.spec_token_ids.values())
+        return get(sched.requests, sched.spec_token_ids, K)
+
+    def roll_back(self, sched, handle, tokens: list[list[int]], kv, batch) -> None:
+        """After a verification step (`tokens`: what each sampler emitted): each request's
+        computed count stops after its last accepted draft, so the K/V of rejected drafts
+        is never read (the next step writes over those slots), and blocks holding only
+        rejected tokens go back to the pool (`kv.trim`; the input batch forgets them).
+
+        NOTE: blocks enter the prefix cache by `handle.seq_lens`, which for a request that
+        verified drafts is set to its tokens known before the step: the accepted drafts'
+        blocks are registered by the next step, once they are in `all_token_ids`, so the
+        cache never hashes a block holding an unverified token."""
+        spec = sched.spec_token_ids
+        emitted = dict(zip(handle.samplers, tokens))
+        for i, req in enumerate(handle.requests):
+            drafts = spec.get(req)
+            if drafts is None:
+                continue
+            num_out = len(emitted[req])
+            self.record(req, len(drafts), num_out)
+            req.num_computed_tokens -= len(drafts) + 1 - num_out
+            handle.seq_lens[i] = req.num_tokens
+            kv.trim(req)
+            batch.truncate(req)
+
+    def record(self, req: Request, num_drafts: int, num_emitted: int) -> None:
+        """One request's verification: `num_drafts` checked, `num_emitted` tokens out."""
+        self.stats.record(num_drafts, num_emitted - 1)
+        if req.spec_draft is not None:
+            req.spec_draft.observe(num_drafts, num_emitted - 1)
+
+    def finished(self, req: Request) -> None:
+        self.proposer.finished(req)
