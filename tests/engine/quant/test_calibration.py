@@ -7,8 +7,10 @@ import json
 import pathlib
 import re
 
-from inflight.engine.quant.calibration import GENERATED_SHARE, default_calibration, docstring_text
+from inflight.engine.quant.calibration import (EVALUATION_MODULES, GENERATED_SHARE, _collect, code_text,
+                                               default_calibration, docstring_text, heldout_text)
 from inflight.engine.quant.calibration_prompts import PROMPTS
+from inflight.engine.quant import self_text
 from inflight.engine.quant.self_text import generate_windows, spread
 from inflight.engine.tokenizer import Tokenizer
 from tests.quant_models import quantized
@@ -35,6 +37,7 @@ def test_default_calibration_is_generated_chat_then_docstrings(tiny_model_path):
     docs = docstring_text()
     assert all(tok.decode(w) in docs for w in windows[n_gen:])
     assert tok.decode(windows[n_gen] + windows[n_gen + 1]) in docs  # consecutive pieces
+    self_text._made.clear()  # generate again, not from the process's cache
     again = generate_windows(tiny_model_path, n_gen, 24, progress=lambda s: None)
     assert again.windows == windows[:n_gen]  # seeded: the same text every run
     assert info["generated"]["tokens_sha256_16"] == again.info["tokens_sha256_16"]
@@ -54,7 +57,24 @@ def test_heldout_prose_is_unseen_by_the_calibration():
         words = re.findall(r"[a-z']+", text.lower())
         return {tuple(words[i:i + 8]) for i in range(len(words) - 7)}
 
-    prose = (ROOT / "benchmarks" / "heldout" / "prose.txt").read_text()
+    prose = heldout_text(ROOT / "benchmarks" / "heldout" / "prose.txt")
     seen = grams(docstring_text()) | grams(" ".join(PROMPTS))
     shared = grams(prose) & seen
     assert len(grams(prose)) > 4000 and not shared, sorted(shared)[:3]
+
+
+def test_out_of_domain_texts_hold_no_calibration_or_docstring_text(tmp_path):
+    """The benchmark's code text is code: no docstring of its files survives in it, nor a
+    comment line; the prose loader drops its provenance header and nothing else."""
+    code = code_text()
+    lines = code.splitlines()
+    assert len(code) > 200_000 and "def " in code and "class " in code
+    assert not any(line.lstrip().startswith("#") for line in lines)
+    firsts = [d.splitlines()[0].strip()[:40] for d in _collect(EVALUATION_MODULES)]
+    firsts = [f for f in firsts if len(f) == 40]  # a docstring's opening words, unindented
+    assert len(firsts) > 100 and not [f for f in firsts if f in code]
+    f = tmp_path / "t.txt"
+    f.write_text("# where it comes from\n# more\n\nTitle\n\n# not a header: text\nbody\n")
+    assert heldout_text(f) == "Title\n\n# not a header: text\nbody\n"
+    prose = heldout_text(ROOT / "benchmarks" / "heldout" / "prose.txt")
+    assert prose.startswith("The Lighthouse Keeper's Daughter") and "Provenance" not in prose
