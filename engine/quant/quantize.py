@@ -35,8 +35,10 @@ from inflight.engine.errors import ConfigError, ModelError
 
 log = logging.getLogger("inflight.quantize")
 
-CALIB_SAMPLES = 128
-CALIB_SEQ_LEN = 256
+# 32,768 tokens in short windows: on SmolLM2-135M, the same tokens cut in 128-token windows
+# closed more of w4's gap out of domain than in 256- or 512-token ones (docs/benchmarks.md)
+CALIB_SAMPLES = 256
+CALIB_SEQ_LEN = 128
 
 
 def _load(folder: pathlib.Path) -> dict[str, torch.Tensor]:
@@ -76,8 +78,8 @@ def quantize_model(src: str | os.PathLike, out: str | os.PathLike, quant: QuantC
                    seq_len: int = CALIB_SEQ_LEN,
                    progress: Callable[[str], None] | None = None, device: str = "cpu") -> pathlib.Path:
     """Quantize the model folder `src` into the new folder `out` and return its path.
-    GPTQ calibrates on `num_samples` windows of `seq_len` tokens of the stdlib docstring
-    text (engine/quant/calibration.py), or of the text file `calib`. `device`: where
+    GPTQ calibrates on `num_samples` windows of `seq_len` tokens: by default the model's own
+    chat answers plus stdlib docstrings (engine/quant/calibration.py), or the text file `calib`. `device`: where
     round-to-nearest runs ("cuda" for big models; GPTQ runs on the CPU)."""
     src, out = pathlib.Path(src), pathlib.Path(out)
     say = progress or log.info

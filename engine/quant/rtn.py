@@ -59,12 +59,14 @@ def w4_params(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def w4_params_search(w: torch.Tensor, grid: int = SEARCH_GRID, max_shrink: float = SEARCH_MAX_SHRINK,
-                     norm: float = SEARCH_NORM) -> tuple[torch.Tensor, torch.Tensor]:
+                     norm: float = SEARCH_NORM, importance: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Like `w4_params`, with the range shrunk per row to what rounds best: the (scale, zero)
     of p * [lo, hi] for p = 1, 1 - 1/grid, ... 1 - max_shrink that minimises
     sum |w - dequant(w)|^norm (the `mse` search of the GPTQ authors' quantizer). A group's
     extreme weights get clipped when that brings the rest closer to the grid; GPTQ's
-    error feedback then spreads what clipping costs. Weights only, no data: it helps on any text."""
+    error feedback then spreads what clipping costs. `importance` [g] weighs each column's
+    error (GPTQ passes the Hessian's diagonal: the inputs' mean energy)."""
     lo0 = w.min(dim=-1).values.clamp(max=0).float()
     hi0 = w.max(dim=-1).values.clamp(min=0).float()
     wf = w.float()
@@ -75,7 +77,8 @@ def w4_params_search(w: torch.Tensor, grid: int = SEARCH_GRID, max_shrink: float
         scale = ((hi0 - lo0) * p / INT4_MAX).clamp(min=MIN_SCALE).half().float()
         zero = torch.clamp(torch.round(-lo0 * p / scale), 0, INT4_MAX)
         deq = (w4_round(wf, scale, zero) - zero[:, None]) * scale[:, None]
-        err = (deq - wf).abs().pow(norm).sum(dim=-1)
+        err = (deq - wf).abs().pow(norm)
+        err = (err if importance is None else err * importance).sum(dim=-1)
         better = err < best
         best = torch.where(better, err, best)
         scale_best = torch.where(better, scale, scale_best)

@@ -8,7 +8,7 @@ sees it at serving time, template tokens included:
     [system/user turn, templated] [the model's answer] [end-of-turn / EOS if it stopped]
 
 As many prompts as the windows need (about TOKENS_PER_ANSWER tokens each; all of them for
-the default 96 windows of 256 tokens), spread over the kinds. Samples are concatenated in
+the default 192 windows of 128 tokens), spread over the kinds. Samples are concatenated in
 prompt order and cut into windows of `seq_len` tokens (a window may span two
 conversations, as windows of a long text span two paragraphs). When one answer per prompt
 is not enough, further rounds answer the prompts again with other seeds. A model folder
