@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-import shutil
 import time
 
 from common import Timer, base_parser, machine_note, model_path, print_table, setup_torch, write_json
@@ -48,19 +47,16 @@ VARIANTS = {  # name: (scheme, group size, method) or None for the source weight
 
 
 def quantized_folder(src: pathlib.Path, name: str) -> pathlib.Path:
-    from inflight.engine.quant.calibration import CALIBRATION_VERSION, DEFAULT_CALIBRATION
+    from inflight.engine.quant.calibration import CALIBRATION_VERSION
     from inflight.engine.quant.config import QuantConfig
     from inflight.engine.quant.quantize import quantize_model
     from inflight.schemas.settings import Settings
 
     scheme, group, method = VARIANTS[name]
-    dest = pathlib.Path(Settings().cache_dir).expanduser() / "quantized" / f"{src.name}-{name}"
-    if (dest / "config.json").is_file() and method == "gptq":  # made with an older default calibration?
-        cal = json.loads((dest / "config.json").read_text())["quantization"].get("calibration", {})
-        if cal.get("text") != DEFAULT_CALIBRATION or cal.get("version") != CALIBRATION_VERSION:
-            print(f"{dest}: calibrated on {cal.get('text')!r} (version {cal.get('version')}), "
-                  f"not today's default: quantizing again")
-            shutil.rmtree(dest)
+    # a GPTQ folder's name carries the default calibration's version: one made with an
+    # older recipe (e.g. docstrings only, before version 2) is not reused
+    tag = f"-cal{CALIBRATION_VERSION}" if method == "gptq" else ""
+    dest = pathlib.Path(Settings().cache_dir).expanduser() / "quantized" / f"{src.name}-{name}{tag}"
     if not (dest / "config.json").is_file():
         print(f"quantizing {src.name} -> {dest}")
         dest.parent.mkdir(parents=True, exist_ok=True)
