@@ -319,8 +319,8 @@ class Client:
     def wait(self, request_id: str, timeout: float | None = None, poll_s: float = 0.1) -> Result:
         """Wait until the request is final in the store or `timeout` seconds pass; returns
         the last state seen (check `.done`). A known request is waited on through the
-        results reader (its final event, then the recorder's row): the store is asked
-        again only once the final event is there."""
+        results reader (its final event, then the recorder's row); meanwhile the store is
+        asked every WAIT_STORE_EVERY_S (a row ended by the store alone ends the wait)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         res = self.result(request_id)
         if res.done or (deadline is not None and time.monotonic() >= deadline):
