@@ -350,7 +350,8 @@ def report(rows: list[dict], args) -> None:
           f"{args.partitions} partitions, SQLite; load average {os.getloadavg()[0]:.1f} at "
           "the end\n")
     print("| version | streams | completed | refused | cut | first token p50 / p99 s | "
-          "in the worker p50 / p99 s | into the API p50 / p99 s | out p50 / p99 s | API CPU µs per token | API RSS before / peak MB | "
+          "in the worker p50 / p99 s | into the API p50 / p99 s | out p50 / p99 s | "
+          "API CPU µs per token | API RSS before / peak MB | "
           "open streams peak API / client | KB per open stream | broker connections | "
           "wall s |")
     print("| --- " * 15 + "|")
