@@ -4,9 +4,10 @@
         [--batches 1,8,32] [--methods ngram,suffix,draft,self] [--k 4] [--json out.json]
 
 Workloads (chat-templated, greedy, EOS ends a request, `--max-tokens` caps it):
-  grounded  copy / correct / extract / quote from a given passage (4 tasks x 4 passages)
-  chat      open questions, nothing to copy from
-  similar   64 similar requests (a record turned into JSON): the suffix cache's case
+  grounded    copy / correct / extract / quote from a given passage (4 tasks x 4 passages)
+  chat        open questions, nothing to copy from
+  similar     64 similar requests (a record turned into JSON): the suffix cache's case
+  repetitive  a phrase repeated (the GPU check, on random weights)
 Methods: ngram (prompt lookup, k = --k, 2..4-grams), suffix (own context + the outputs of
 earlier requests), draft (a draft model: the target's first --draft-layers layers, same
 tokenizer), self (the target as its own draft: acceptance 1.0, the cost of verification).
@@ -83,7 +84,20 @@ def similar_tasks(n: int = 64) -> list[str]:
             for _ in range(n)]
 
 
-WORKLOADS = {"grounded": grounded_tasks, "chat": lambda: QUESTIONS, "similar": similar_tasks}
+def repetitive_tasks(n: int = 32) -> list[str]:
+    """A phrase said over and over (random weights continue a loop often enough for n-gram
+    drafts to be accepted: the GPU check's case)."""
+    rng = random.Random(1)
+    words = PASSAGES[0].split()
+    out = []
+    for _ in range(n):
+        start = rng.randrange(len(words) - 8)
+        out.append("Say this again and again: " + " ".join(words[start:start + 8] * 6))
+    return out
+
+
+WORKLOADS = {"grounded": grounded_tasks, "chat": lambda: QUESTIONS, "similar": similar_tasks,
+             "repetitive": repetitive_tasks}
 
 
 def truncated_draft(target: pathlib.Path, layers: int, out: pathlib.Path) -> pathlib.Path:

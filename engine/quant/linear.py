@@ -32,12 +32,31 @@ class Linear(Protocol):
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
+# NOTE: on CPU a matmul of a few rows (a speculative verification: 2-32 tokens) against a
+# wide weight runs markedly faster in slices of the output columns than in one call (one
+# torch thread, MKL; docs/benchmarks.md, speculative decoding): each slice of the weight is
+# read once, while it is in cache, for all rows. One row (a decode) and many (a prefill
+# chunk) stay one call.
+FEW_ROWS = (2, 32)
+COLUMN_SLICE = 512
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, in column slices for a few rows on CPU (see the NOTE above)."""
+    N = weight.shape[0]
+    if x.device.type != "cpu" or not FEW_ROWS[0] <= x.shape[0] <= FEW_ROWS[1] or N <= COLUMN_SLICE:
+        return F.linear(x, weight, bias)
+    return torch.cat([F.linear(x, weight[i:i + COLUMN_SLICE],
+                               None if bias is None else bias[i:i + COLUMN_SLICE])
+                      for i in range(0, N, COLUMN_SLICE)], dim=1)
+
+
 class DenseLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight, self.bias = weight, bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return dense_linear(x, self.weight, self.bias)
 
 
 class W8Linear:
