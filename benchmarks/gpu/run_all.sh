@@ -131,7 +131,8 @@ stage models 150 bash -c "'$PY' benchmarks/gpu/make_model.py '$M135' '$TOK' ${SH
 
 # -- GPU tests ---------------------------------------------------------------------------
 GPU_TESTS=(tests/engine/test_cuda.py tests/engine/test_kv_sizing.py tests/engine/test_device.py
-           tests/engine/test_structured.py::test_on_cuda_with_graphs_and_overlapped_outputs)
+           tests/engine/test_structured.py::test_on_cuda_with_graphs_and_overlapped_outputs
+           tests/engine/spec/test_cuda.py)
 if [ "$SMOKE" = 1 ]; then
     stage tests 120 "$PY" -m pytest -q -p no:cacheprovider "${GPU_TESTS[@]}"
 else
