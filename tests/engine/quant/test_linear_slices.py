@@ -1,5 +1,6 @@
-"""Dense layers of a few rows on CPU run in column slices (engine/quant/linear.py): the same
-values as one F.linear, with and without bias, at every row count around the cut-offs."""
+"""The CPU layouts of engine/quant/linear.py: the LM head's column slices for a few rows and
+dense layers stored transposed give F.linear's values, with and without bias, at every row
+count around the cut-offs."""
 
 from __future__ import annotations
 
@@ -20,3 +21,17 @@ def test_column_slices_equal_one_matmul():
                 got = dense_linear(x, w, bias)
                 assert got.shape == (rows, n_out)
                 torch.testing.assert_close(got, F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_dense_layer_stored_transposed_on_cpu():
+    from inflight.engine.quant.linear import DenseLinear
+
+    gen = torch.Generator().manual_seed(1)
+    w, b = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
+    for bias in (None, b):
+        layer = DenseLinear(w, bias)
+        assert layer.transposed and layer.weight.shape == (40, 24) and torch.equal(layer.weight, w)
+        for rows in (1, 5, 64):
+            x = torch.randn(rows, 24, generator=gen)
+            torch.testing.assert_close(layer(x), F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    assert not DenseLinear(w.half(), None).transposed  # other dtypes as they come
