@@ -3,7 +3,8 @@
     client ─► MetricsMiddleware ─► BodyLimitMiddleware ─► auth (deps) ─► routes
                                                                           │
                       store (SQLAlchemy) ◄── polls, owners, keys ─────────┤
-                      producers.Client  ◄── submit, cancel, stream ───────┘
+                      producers.Client  ◄── submit, cancel ───────────────┤
+                      one results reader ◄── every stream (api/streams.py) ┘
 
 No engine runs here: requests go to Kafka through the same client pipelines use, results
 come from the same store the recorder fills.
@@ -22,13 +23,15 @@ from inflight.api import errors
 from inflight.api.auth import KeyCache
 from inflight.api.broker_health import BrokerHealth, probe_broker
 from inflight.api.cache import FinalAnswers
-from inflight.api.context import ApiContext, StreamSlots, db_slots
+from inflight.api.context import ApiContext, db_slots
 from inflight.api.limits import BodyLimitMiddleware
 from inflight.api.metrics import ApiMetrics, MetricsMiddleware
 from inflight.api.routes import (batches, chat, completions, files, health, message_batches,
                                  models, requests)
 from inflight.api.served import ServedModels
+from inflight.api.streams import Streams
 from inflight.producers import Client
+from inflight.producers.results_reader import ResultsReader
 from inflight.schemas import Settings
 from inflight.schemas.errors import ConfigError, InflightError
 from inflight.store import Store
@@ -72,7 +75,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await to_thread.run_sync(_open_store, settings)
-        client = Client(settings, store=store)
+        # the one reader of the results topics every stream of this process follows
+        results = ResultsReader(settings, max_follows=settings.api_max_streams, name="api").start()
+        client = Client(settings, store=store, results=results)
         slots = db_slots(store)
         keys = KeyCache(store, settings.api_key_cache_s, slots) if settings.api_auth else None
         if keys is None:
@@ -84,7 +89,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if unreachable is not None:
             broker.failed(unreachable)
         app.state.ctx = ApiContext(settings=settings, store=store, client=client, keys=keys,
-                                   streams=StreamSlots(settings.api_max_streams, metrics),
+                                   streams=Streams(results, metrics,
+                                                   settings.api_wait_timeout_s),
                                    metrics=metrics,
                                    finals=FinalAnswers(settings.api_final_cache_bytes),
                                    db_slots=slots,
@@ -97,6 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await broker.close()
             with contextlib.suppress(InflightError, Exception):
                 await to_thread.run_sync(client.close)
+            await to_thread.run_sync(results.close)
             store.close()
 
     app = FastAPI(title="inflight", version=API_VERSION, lifespan=lifespan, debug=False,

@@ -1,11 +1,11 @@
 """What every handler shares in one API process: settings, the store, the producer client,
-the key cache, the stream slots and the counters. Built by `create_app`'s lifespan and
+the key cache, the open streams (api/streams.py) and the counters. Built by `create_app`'s lifespan and
 reached through the dependencies in api/deps.py (no module-level state)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -15,59 +15,17 @@ from anyio import to_thread
 from inflight.api.auth import KeyCache
 from inflight.api.broker_health import BrokerHealth
 from inflight.api.cache import FinalAnswers
-from inflight.api.errors import APIError
 from inflight.api.group_commit import ClaimQueue
 from inflight.api.group_read import ViewQueue
 from inflight.api.metrics import ApiMetrics
 from inflight.api.served import ServedModels
+from inflight.api.streams import Streams
 from inflight.producers import Client
 from inflight.schemas import InferenceRequest, Settings
 from inflight.schemas.errors import BrokerError
 from inflight.store import Store
 
 T = TypeVar("T")
-_END = object()
-
-
-class StreamSlots:
-    """At most `INFLIGHT_API_MAX_STREAMS` open Kafka readers (SSE, waiting chat
-    completions), on threads of their own: a crowd of streams never takes the threads that
-    polls and submits need. A full house answers 503 with Retry-After."""
-
-    def __init__(self, limit: int, metrics: ApiMetrics):
-        self.limit = limit
-        self.metrics = metrics
-        self.threads = anyio.CapacityLimiter(limit)
-
-    def acquire(self) -> None:
-        if self.metrics.open_streams >= self.limit:
-            raise APIError(503, f"too many open streams on this server ({self.limit}, setting "
-                                "INFLIGHT_API_MAX_STREAMS); retry shortly or poll "
-                                "GET /v1/requests/{id}", code="overloaded",
-                           headers={"Retry-After": "2"})
-        self.metrics.open_streams += 1
-        self.metrics.inc("streams_opened")
-
-    def release(self) -> None:
-        self.metrics.open_streams -= 1
-
-    async def iterate(self, events: Iterator[Any]) -> AsyncIterator[Any]:
-        """A blocking iterator (Client.stream) as an async one, on the stream threads.
-        Closing it early (client gone) closes the Kafka reader too."""
-        def step() -> Any:
-            return next(events, _END)
-
-        try:
-            while True:
-                item = await to_thread.run_sync(step, limiter=self.threads)
-                if item is _END:
-                    return
-                yield item
-        finally:
-            with anyio.CancelScope(shield=True):
-                close = getattr(events, "close", None)
-                if close is not None:
-                    await to_thread.run_sync(close, limiter=self.threads)
 
 
 def db_slots(store: Store) -> anyio.CapacityLimiter:
@@ -85,7 +43,7 @@ class ApiContext:
     store: Store
     client: Client
     keys: KeyCache | None          # None = INFLIGHT_API_AUTH=off
-    streams: StreamSlots
+    streams: Streams
     metrics: ApiMetrics
     finals: FinalAnswers
     db_slots: anyio.CapacityLimiter

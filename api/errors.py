@@ -91,9 +91,21 @@ def error_response(request: Request, status: int, message: str, *, param: str | 
 _UNION_MEMBER = re.compile(r"^(str|int|float|bool|list|dict|constrained-[\w-]+|[\w-]+\[.*\])$")
 
 
+# a message's role is the tag of a discriminated union: pydantic puts it after the list
+# index (`messages.0.user.content`), where the client wrote `messages.0.content`
+_ROLE_TAGS = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
 def _loc(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")
-             and not (isinstance(p, str) and _UNION_MEMBER.match(p))]
+    parts: list[str] = []
+    prev: Any = None
+    for p in loc:
+        skip = (p in ("body", "query", "path", "header")
+                or (isinstance(p, str) and _UNION_MEMBER.match(p))
+                or (isinstance(prev, int) and p in _ROLE_TAGS))
+        if not skip:
+            parts.append(str(p))
+        prev = p
     return ".".join(parts) if parts else None  # (a key may be "")
 
 

@@ -37,17 +37,20 @@ from inflight.schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, 
                      decode_result, encode)
 from inflight.schemas.cancel import batch_cancel, request_cancel
 from inflight.schemas.codec import schema_error
-from inflight.schemas.errors import BrokerError, InflightError, StateError
-from inflight.schemas.kafka_clients import partitions_of, plain_consumer, producer
+from inflight.schemas.errors import BrokerError, CapacityError, InflightError, StateError
+from inflight.schemas.kafka_clients import producer
 from inflight.store import FINAL_STATUSES, BatchRow, FileRow, Store
 
 from inflight.producers import batch_jobs
 from inflight.producers.celery_app import celery_app, send_enqueue
-from inflight.producers.stream import follow, partition_for
+from inflight.producers.results_reader import ResultsReader
+from inflight.producers.stream import partition_for
 
 NOT_FOUND = "not_found"
-STREAM_CLOCK_SLACK_S = 5.0   # start a stream this much before the submit time (clock skew)
+STREAM_CLOCK_SLACK_S = 5.0   # a submit time of another process: this much earlier (clock skew)
 STREAM_LOOKBACK_S = 3600.0   # unknown submit time: look back this far
+MAX_FOLLOWS = 10_000         # requests one Client streams or waits on at once
+WAIT_STORE_EVERY_S = 2.0     # Client.wait: the store is asked this often meanwhile
 
 
 class RequestNotFound(InflightError, LookupError):
@@ -131,12 +134,18 @@ def _request(item: Any, params: SamplingParams | Mapping | None = None, *,
 
 
 class Client:
-    def __init__(self, settings: Settings | None = None, *, store: Store | None = None):
+    def __init__(self, settings: Settings | None = None, *, store: Store | None = None,
+                 results: ResultsReader | None = None, max_follows: int = MAX_FOLLOWS):
+        """`results`: a results reader to share (the API's); by default the Client starts
+        its own at the first stream or wait (one per Client, whatever it follows)."""
         self.settings = settings or Settings()
         self._store = store
         self._producer: KafkaProducer | None = None
         self._celery: Any = None
         self._submitted: dict[str, float] = {}
+        self._results = results
+        self._own_results = results is None
+        self.max_follows = max_follows
 
     # -- connections ----------------------------------------------------------------------
     @property
@@ -150,12 +159,23 @@ class Client:
         return self._producer
 
     @property
+    def results(self) -> ResultsReader:
+        """The one reader of the results topics that Client.stream and Client.wait share."""
+        if self._results is None:
+            self._results = ResultsReader(self.settings, max_follows=self.max_follows,
+                                          name="client").start()
+        return self._results
+
+    @property
     def store(self) -> Store:
         if self._store is None:
             self._store = Store.embedded(self.settings.database_url)
         return self._store
 
     def close(self) -> None:
+        if self._results is not None and self._own_results:
+            self._results.close()
+            self._results = None
         if self._producer is not None:
             self._producer.flush()
             self._producer.close()
@@ -297,14 +317,41 @@ class Client:
                       logprobs=row.logprobs, tool_calls=row.tool_calls)
 
     def wait(self, request_id: str, timeout: float | None = None, poll_s: float = 0.1) -> Result:
-        """Poll the store until the request is final or `timeout` seconds pass; returns the
-        last state seen (check `.done`)."""
+        """Wait until the request is final in the store or `timeout` seconds pass; returns
+        the last state seen (check `.done`). A known request is waited on through the
+        results reader (its final event, then the recorder's row); meanwhile the store is
+        asked every WAIT_STORE_EVERY_S (a row ended by the store alone ends the wait)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        res = self.result(request_id)
+        if res.done or (deadline is not None and time.monotonic() >= deadline):
+            return res
+        if res.found or request_id in self._submitted:
+            self._await_final(request_id, deadline)
         while True:
             res = self.result(request_id)
             if res.done or (deadline is not None and time.monotonic() >= deadline):
                 return res
             time.sleep(poll_s)
+
+    def _await_final(self, request_id: str, deadline: float | None) -> None:
+        """Until the request's final event is read, its row is final (a batch's cancel
+        grace ends rows without an event; the store is asked every WAIT_STORE_EVERY_S) or
+        the deadline passes; quietly returns if the results topics cannot be read (the
+        store is polled instead)."""
+        try:
+            with self.results.follow(request_id, since=self._since(request_id)) as f:
+                while not f.finished:
+                    until = time.monotonic() + WAIT_STORE_EVERY_S
+                    if deadline is not None:
+                        until = min(until, deadline)
+                    try:
+                        f.get(until)
+                    except TimeoutError:
+                        if (deadline is not None and time.monotonic() >= deadline) or \
+                                self.result(request_id).done:
+                            return
+        except (BrokerError, CapacityError):
+            pass
 
     def wait_many(self, request_ids: Iterable[str], timeout: float | None = None,
                   poll_s: float = 0.2) -> dict[str, Result]:
@@ -321,7 +368,12 @@ class Client:
             time.sleep(poll_s)
 
     # -- streaming ----------------------------------------------------------------------------
-    def _since(self, request_id: str) -> float:
+    def _since(self, request_id: str, since: float | None = None) -> float:
+        """An instant before which no event of the request was appended (this host's
+        clock): its submit time if this Client submitted it; a time from elsewhere (the
+        store's, a caller's) STREAM_CLOCK_SLACK_S earlier; unknown: STREAM_LOOKBACK_S back."""
+        if since is not None:
+            return since - STREAM_CLOCK_SLACK_S
         if request_id in self._submitted:
             return self._submitted[request_id]
         try:
@@ -329,7 +381,7 @@ class Client:
         except InflightError:
             res = Result(request_id, NOT_FOUND)
         if res.created_at is not None:
-            return res.created_at
+            return res.created_at - STREAM_CLOCK_SLACK_S
         return time.time() - STREAM_LOOKBACK_S
 
     def stream(self, request_id: str, timeout: float = 120.0,
@@ -338,22 +390,17 @@ class Client:
         producers/stream.py: an index-0 delta after others starts the text over, on a new
         attempt; the deltas since the last index 0 add up to the final's text).
 
-        Reads only the partition the key maps to of the tokens topic and of the results
-        topic, from the first offset stamped at or after the submit time
-        (`offsets_for_times`; never "latest"), so a stream started after the request
-        finished still returns its whole text. Raises RequestNotFound when no final event
-        shows up within `timeout` seconds.
+        Follows the request through the Client's one results reader (no consumer of its
+        own), replaying from the submit time (`since`, else this Client's or the store's;
+        the reader finds the offsets from its checkpoints or `offsets_for_times`, never
+        "latest"), so a stream started after the request finished still returns its whole
+        text. Raises RequestNotFound when no final event shows up within `timeout` seconds.
         """
-        s = self.settings
-        start_ms = int(((since if since is not None else self._since(request_id))
-                        - STREAM_CLOCK_SLACK_S) * 1000)
-        consumer = plain_consumer(s)
-        try:
-            yield from follow(consumer, s, request_id, start_ms, time.monotonic() + timeout,
-                              partitions_of, lambda: RequestNotFound(
-                                  self._not_found_message(request_id, timeout)))
-        finally:
-            consumer.close()
+        start = self._since(request_id, since)
+        deadline = time.monotonic() + timeout
+        with self.results.follow(request_id, since=start) as f:
+            yield from f.events(deadline, lambda: RequestNotFound(
+                self._not_found_message(request_id, timeout)))
 
     def _not_found_message(self, request_id: str, timeout: float) -> str:
         res = self.result(request_id)

@@ -1,5 +1,6 @@
-"""Following one request's events: its token deltas (inflight.results.tokens) and its status
-and final event (inflight.results), as one ordered stream.
+"""One request's events as a reader gets them: its token deltas (inflight.results.tokens)
+and its status and final event (inflight.results), as one ordered stream (the process's
+results reader, producers/results_reader.py, runs one assembler per followed request).
 
     reader sees:  TokenEvent index 0, 1, 2 ...  [TokenEvent index 0 ... : started over]  final
 
@@ -18,18 +19,11 @@ Rules (StreamAssembler):
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
-from kafka import TopicPartition
-from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
 
-from inflight.schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent, TokenEvent,
-                     decode_result)
-
-RESOLVE_EVERY_S = 0.2  # a partition with nothing stamped after the start time yet: ask again
+from inflight.schemas import ErrorEvent, FinalEvent, StatusEvent, TokenEvent
 
 
 def partition_for(key: str, num_partitions: int) -> int:
@@ -107,48 +101,3 @@ class StreamAssembler:
         return [self._give(TokenEvent(request_id=final.request_id, attempt=final.attempt,
                                       index=self._index_out, start=len(self._tokens),
                                       token_ids=rest_ids, text=rest_text))]
-
-
-def follow(consumer: Any, settings: Settings, request_id: str, start_ms: int, deadline: float,
-           partitions_of: Callable[[Any, str], list[int]],
-           on_timeout: Callable[[], Exception]) -> Iterator[Any]:
-    """Read the key's partition of both topics from `start_ms` (offsets_for_times, never
-    "latest") and yield the assembled stream. `consumer` is a plain (group-less) consumer."""
-    tps = []
-    for topic in (settings.topic_results_tokens, settings.topic_results):
-        parts = partitions_of(consumer, topic)
-        tps.append(TopicPartition(topic, partition_for(request_id, len(parts))))
-    consumer.assign(tps)
-    consumer.pause(*tps)                     # nothing is read before its start offset is known
-    unresolved, next_resolve = set(tps), 0.0
-    key, asm = request_id.encode(), StreamAssembler()
-    while True:
-        now = time.monotonic()
-        if now > deadline:
-            raise on_timeout()
-        if unresolved and now >= next_resolve:
-            next_resolve = now + RESOLVE_EVERY_S
-            try:
-                found = consumer.offsets_for_times({tp: max(start_ms, 0) for tp in unresolved})
-            except KafkaError:
-                found = {}
-            for tp, ot in found.items():
-                if ot is not None:
-                    consumer.seek(tp, ot.offset)
-                    consumer.resume(tp)
-                    unresolved.discard(tp)
-        if len(unresolved) == len(tps):
-            time.sleep(0.05)
-            continue
-        records = consumer.poll(timeout_ms=200)
-        for tp in tps:                       # deltas first: they were mostly sent first
-            for rec in records.get(tp, ()):
-                if rec.key != key:
-                    continue
-                try:
-                    event = decode_result(rec.value)
-                except SchemaError:
-                    continue
-                yield from asm.feed(event)
-                if asm.done:
-                    return

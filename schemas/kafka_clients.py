@@ -17,13 +17,14 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
 
-from inflight.schemas import kafka_records
+from inflight.schemas import kafka_parked, kafka_records
 from inflight.schemas.errors import BrokerError
 from inflight.schemas.settings import Settings
 
 
 # Kafka's name -> kafka-python's, where it is not just the dots made underscores
-_KAFKA_PYTHON_NAMES = {"message.max.bytes": "max_request_size"}
+_KAFKA_PYTHON_NAMES = {"message.max.bytes": "max_request_size",
+                       "fetch.wait.max.ms": "fetch_max_wait_ms"}
 
 
 def kafka_python_names(config: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +36,7 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     """Every producer of ours, in Kafka's names: acks=all; idempotence only when
     INFLIGHT_KAFKA_ENABLE_IDEMPOTENCE (Tansu loses producer ids across restarts, which
     wedges an idempotent producer); room for a message at the limit plus its overhead."""
-    return {"acks": "all", "linger.ms": 2,
+    return {"acks": "all", "linger.ms": settings.kafka_linger_ms,
             "enable.idempotence": settings.kafka_enable_idempotence,
             "message.max.bytes": settings.kafka_max_message_bytes + 64_000}
 
@@ -48,6 +49,7 @@ def group_config(settings: Settings, group: str) -> dict[str, Any]:
             "session.timeout.ms": settings.kafka_session_timeout_ms,
             "heartbeat.interval.ms": settings.kafka_heartbeat_interval_ms,
             "max.poll.interval.ms": settings.kafka_max_poll_interval_ms,
+            "fetch.wait.max.ms": settings.kafka_fetch_max_wait_ms,
             "fetch.max.bytes": max(settings.kafka_max_message_bytes * 4, 4_000_000),
             "max.partition.fetch.bytes": settings.kafka_max_message_bytes + 64_000}
 
@@ -55,8 +57,10 @@ def group_config(settings: Settings, group: str) -> dict[str, Any]:
 def connect(client_cls: type, settings: Settings, **opts: Any) -> Any:
     """A kafka-python client (producer, consumer, admin) built from Settings; an unreachable
     broker becomes BrokerError that says what to do. Installs the tolerant record parse
-    first (schemas.kafka_records), so no fetched record can stop a consumer of ours."""
+    first (schemas.kafka_records), so no fetched record can stop a consumer of ours, and
+    the fetcher fix that keeps a resumed partition read (schemas.kafka_parked)."""
     kafka_records.install()
+    kafka_parked.install()
     try:
         return client_cls(**settings.kafka_common(), **opts)
     except KafkaError as exc:
@@ -74,7 +78,8 @@ def producer(settings: Settings, **overrides: Any) -> KafkaProducer:
 def plain_consumer(settings: Settings, **overrides: Any) -> KafkaConsumer:
     """A consumer outside any group (manual assign)."""
     opts: dict[str, Any] = {"group_id": None, "enable_auto_commit": False,
-                            "auto_offset_reset": "earliest"}
+                            "auto_offset_reset": "earliest",
+                            "fetch_max_wait_ms": settings.kafka_fetch_max_wait_ms}
     opts.update(overrides)
     return connect(KafkaConsumer, settings, **opts)
 

@@ -72,6 +72,14 @@ class Settings(BaseSettings):
     # (the worker's intake polls every few ms, whatever the engine or the broker does)
     kafka_max_poll_interval_ms: int = 300_000
     kafka_max_message_bytes: int = 1_000_000
+    # How long the broker may hold a fetch that finds nothing new (every consumer of ours:
+    # the worker's intake and cancel reader, the recorder, the results readers of the API
+    # and Client). Kafka answers a fetch as soon as a record lands, so there it only sets
+    # the idle cost (one fetch per this many ms per consumer; Kafka's default is 500); the
+    # embedded Tansu holds a fetch for all of it, so it adds to every hop's latency.
+    kafka_fetch_max_wait_ms: int = Field(default=20, ge=0)
+    # how long a producer of ours waits to fill a batch before sending it
+    kafka_linger_ms: int = Field(default=2, ge=0)
 
     topic_requests: str = "inflight.requests"
     topic_requests_batch: str = "inflight.requests.batch"
@@ -157,7 +165,9 @@ class Settings(BaseSettings):
     api_max_line_bytes: int = 1_000_000        # one line of a batch file
     api_key_cache_s: float = 2.0               # a verified key is re-checked for revocation this often
     api_wait_timeout_s: float = 600.0          # chat completions: wait this long for the final event
-    api_max_streams: int = 64                  # open SSE streams / waiting chat completions per process
+    # open streams per process (SSE, streamed and waiting chat/text completions), then 503:
+    # all follow one results reader; each holds its events not yet sent (a few KB)
+    api_max_streams: int = Field(default=10_000, ge=1)
     api_final_cache_bytes: int = 64_000_000    # answers of finished requests kept per process (0 = off)
     # the public base URL of the API (https://inference.example.com) for links it hands out
     # (a message batch's results_url); None = links relative to the API's root
@@ -186,8 +196,12 @@ class Settings(BaseSettings):
 
     def rdkafka_common(self) -> dict[str, Any]:
         """The same connection as librdkafka (confluent-kafka) configuration."""
+        # NOTE: Nagle off, as kafka-python has it: with it on, a small request sent while
+        # the previous one is unacknowledged waits for the broker's delayed ACK (the first
+        # token delta right behind a request's status event waited ~20-40 ms)
         opts: dict[str, Any] = {"bootstrap.servers": self.kafka_bootstrap,
-                                "security.protocol": self.kafka_security_protocol.lower()}
+                                "security.protocol": self.kafka_security_protocol.lower(),
+                                "socket.nagle.disable": True}
         if self.kafka_sasl_mechanism:
             opts["sasl.mechanism"] = self.kafka_sasl_mechanism
             opts["sasl.username"] = self.kafka_sasl_username

@@ -1,7 +1,8 @@
 """POST /v1/chat/completions through the queue, so OpenAI chat clients work unchanged.
 
 The request is filed and published like POST /v1/requests (interactive priority), then
-the handler reads its events from the results topics (Client.stream) and answers:
+the handler reads its events through the process's results reader (api/streams.py) and
+answers:
 - `stream: false`: one chat.completion once the final event arrives;
 - `stream: true`: chat.completion.chunk events as token deltas arrive, then `[DONE]`.
 The first event is awaited before answering, so bad input (a prompt over the model's
@@ -11,17 +12,14 @@ away cancels its request.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 import orjson
 from anyio import to_thread
 from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
 
 from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx
@@ -32,6 +30,7 @@ from inflight.api.models.errors import OPENAI_ERRORS, WAIT_ERRORS
 from inflight.api.responses import json_response
 from inflight.api.routing import ApiRoute
 from inflight.api.sse import sse
+from inflight.api.streams import ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
 from inflight.schemas import ErrorEvent, FinalEvent, TokenEvent
 from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
@@ -74,41 +73,49 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
     existing = await ctx.claims.claim(queued_row(req), caller.owner)
     if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
         raise APIError(500, "request id collision; retry")
-    try:
-        await ctx.publish(req)
-    except BaseException:
-        await ctx.db(release_request, ctx.store, rid, caller.owner)
-        raise
+    stream = await open_and_publish(ctx, req, caller.owner)
     ctx.metrics.inc("chat_completions")
-    ctx.streams.acquire()
-    events = ctx.streams.iterate(ctx.client.stream(rid, timeout=ctx.settings.api_wait_timeout_s,
-                                                   since=req.submitted_at))
     try:
-        first = await _next(ctx, events)
+        first = await _next(ctx, stream)
         if isinstance(first, ErrorEvent):
             raise error_status(first)
         if not body.stream:
             final = first
             while not isinstance(final, (FinalEvent, ErrorEvent)):
-                final = await _next(ctx, events)
+                final = await _next(ctx, stream)
             if isinstance(final, ErrorEvent):
                 raise error_status(final)
-            answer = json_response(completion(rid, model, final))
+            stream.close()
+            return json_response(completion(rid, model, final))
     except BaseException:
-        ctx.streams.release()
-        with anyio.CancelScope(shield=True):
-            await events.aclose()
+        stream.close()
         raise
-    if not body.stream:  # answered whole: its slot and reader go now (a stream's in _chunks)
-        ctx.streams.release()
-        with anyio.CancelScope(shield=True):
-            await events.aclose()
-        return answer
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     calls = ToolCallStream(rid) if req.tools is not None and req.tool_choice != "none" else None
-    return StreamingResponse(_chunks(ctx, rid, model, first, events, include_usage, calls),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamResponse(_chunks(ctx, rid, model, first, stream, include_usage, calls),
+                          stream, on_unfinished=lambda: cancel_quietly(ctx, rid))
+
+
+async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None) -> ApiStream:
+    """Follow the filed request, then publish it: every event of it lands in the stream,
+    so it needs no replay. A refused publish unfiles the request (the client may retry)."""
+    try:
+        stream = ctx.streams.open(req.request_id, None)
+    except BaseException:
+        await ctx.db(release_request, ctx.store, req.request_id, owner)
+        raise
+    try:
+        await ctx.publish(req)
+    except BaseException:
+        stream.close()
+        await ctx.db(release_request, ctx.store, req.request_id, owner)
+        raise
+    return stream
+
+
+async def cancel_quietly(ctx: ApiContext, rid: str) -> None:
+    """The client went away mid-answer: stop generating for nobody."""
+    await to_thread.run_sync(ctx.client.cancel, rid)
 
 
 class SentText:
@@ -135,78 +142,62 @@ class SentText:
         return "" if self.sent.startswith(self.current) else None
 
 
-async def _next(ctx: ApiContext, events: AsyncIterator[Any]) -> Any:
+async def _next(ctx: ApiContext, stream: ApiStream) -> Any:
     try:
-        return await events.__anext__()
-    except StopAsyncIteration:
-        raise APIError(502, "the event stream ended without a final event") from None
+        return await stream.next()
     except RequestNotFound as exc:
         raise _timeout(ctx, exc) from None
 
 
 async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any,
-                  events: AsyncIterator[Any], include_usage: bool,
+                  stream: ApiStream, include_usage: bool,
                   calls: ToolCallStream | None = None) -> AsyncIterator[bytes]:
     """`calls`: the request has tools; its text deltas go out as content and tool-call
     deltas (schemas.tool_stream), and a request that called ends with "tool_calls"."""
     created = int(time.time())
-    finished = False
 
     def data(body: dict[str, Any]) -> bytes:
         return sse(None, orjson.dumps(body))
 
     text = SentText()
-    try:
-        yield data(chunk(rid, model, created, {"role": "assistant", "content": ""},
-                         with_usage=include_usage))
-        event = first
-        while True:
-            if isinstance(event, TokenEvent):
-                delta = text.feed(event)
-                if delta is None:
-                    yield data({"error": {"message": "the request was redone on another "
-                                          "worker and wrote a different text; retry it",
-                                          "type": "server_error", "param": None,
-                                          "code": "restarted"}})
-                    break
-                for d in (calls.feed(delta) if calls is not None else [{"content": delta}]
-                          if delta else []):
+    yield data(chunk(rid, model, created, {"role": "assistant", "content": ""},
+                     with_usage=include_usage))
+    event = first
+    while True:
+        if isinstance(event, TokenEvent):
+            delta = text.feed(event)
+            if delta is None:
+                yield data({"error": {"message": "the request was redone on another "
+                                      "worker and wrote a different text; retry it",
+                                      "type": "server_error", "param": None,
+                                      "code": "restarted"}})
+                break
+            for d in (calls.feed(delta) if calls is not None else [{"content": delta}]
+                      if delta else []):
+                yield data(chunk(rid, model, created, d, with_usage=include_usage))
+        elif isinstance(event, FinalEvent):
+            reason = finish_of(event.finish_reason)
+            if calls is not None:
+                for d in calls.finish():
                     yield data(chunk(rid, model, created, d, with_usage=include_usage))
-            elif isinstance(event, FinalEvent):
-                finished = True
-                reason = finish_of(event.finish_reason)
-                if calls is not None:
-                    for d in calls.finish():
-                        yield data(chunk(rid, model, created, d, with_usage=include_usage))
-                    if calls.calls and event.tool_calls and reason == "stop":
-                        reason = "tool_calls"
-                yield data(chunk(rid, model, created, {}, reason, with_usage=include_usage))
-                if include_usage:
-                    yield data(chunk(rid, model, created, None, usage=usage_of(event.usage),
-                                     with_usage=True))
-                break
-            elif isinstance(event, ErrorEvent):
-                finished = True
-                err = error_status(event)
-                yield data({"error": {"message": err.message, "type": "server_error"
-                                      if err.status >= 500 else "invalid_request_error",
-                                      "param": err.param, "code": err.code}})
-                break
-            try:
-                event = await events.__anext__()
-            except StopAsyncIteration:
-                break
-            except RequestNotFound as exc:
-                err = _timeout(ctx, exc)
-                yield data({"error": {"message": err.message, "type": "timeout_error",
-                                      "param": None, "code": err.code}})
-                break
-        yield b"data: [DONE]\n\n"
-    finally:
-        ctx.streams.release()
-        with anyio.CancelScope(shield=True):  # cleanup runs even when the client left
-            with contextlib.suppress(Exception):
-                await events.aclose()
-            if not finished:  # the client went away mid-answer: stop generating for nobody
-                with contextlib.suppress(Exception):
-                    await to_thread.run_sync(ctx.client.cancel, rid)
+                if calls.calls and event.tool_calls and reason == "stop":
+                    reason = "tool_calls"
+            yield data(chunk(rid, model, created, {}, reason, with_usage=include_usage))
+            if include_usage:
+                yield data(chunk(rid, model, created, None, usage=usage_of(event.usage),
+                                 with_usage=True))
+            break
+        elif isinstance(event, ErrorEvent):
+            err = error_status(event)
+            yield data({"error": {"message": err.message, "type": "server_error"
+                                  if err.status >= 500 else "invalid_request_error",
+                                  "param": err.param, "code": err.code}})
+            break
+        try:
+            event = await stream.next()
+        except RequestNotFound as exc:
+            err = _timeout(ctx, exc)
+            yield data({"error": {"message": err.message, "type": "timeout_error",
+                                  "param": None, "code": err.code}})
+            break
+    yield b"data: [DONE]\n\n"

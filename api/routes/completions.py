@@ -7,30 +7,27 @@ object, of the prompt too with echo) are what evaluation harnesses use to score 
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 import orjson
-from anyio import to_thread
 from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
 
 from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx
 from inflight.api.models.completions import Completion, CompletionRequest, chunk, completion
 from inflight.api.models.errors import OPENAI_ERRORS, WAIT_ERRORS
 from inflight.api.responses import json_response
-from inflight.api.routes.chat import SentText, _next, _timeout, error_status
+from inflight.api.routes.chat import (SentText, _next, _timeout, cancel_quietly, error_status,
+                                      open_and_publish)
 from inflight.api.routing import ApiRoute
 from inflight.api.sse import sse
+from inflight.api.streams import ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
 from inflight.schemas import ErrorEvent, FinalEvent, TokenEvent
 from inflight.store import queued_row
-from inflight.store.owned import release_request
 
 router = APIRouter(route_class=ApiRoute, tags=["completions"], responses=OPENAI_ERRORS)
 
@@ -47,47 +44,32 @@ async def completions(body: CompletionRequest, ctx: Ctx, caller: Caller) -> Any:
     existing = await ctx.claims.claim(queued_row(req), caller.owner)
     if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
         raise RuntimeError("request id collision")
-    try:
-        await ctx.publish(req)
-    except BaseException:
-        await ctx.db(release_request, ctx.store, rid, caller.owner)
-        raise
+    stream = await open_and_publish(ctx, req, caller.owner)
     ctx.metrics.inc("completions")
-    ctx.streams.acquire()
-    events = ctx.streams.iterate(ctx.client.stream(rid, timeout=ctx.settings.api_wait_timeout_s,
-                                                   since=req.submitted_at))
     try:
-        first = await _next(ctx, events)
+        first = await _next(ctx, stream)
         if isinstance(first, ErrorEvent):
             raise error_status(first)
         if not body.stream:
             final = first
             while not isinstance(final, (FinalEvent, ErrorEvent)):
-                final = await _next(ctx, events)
+                final = await _next(ctx, stream)
             if isinstance(final, ErrorEvent):
                 raise error_status(final)
-            answer = json_response(completion(rid, model, body, final))
+            stream.close()
+            return json_response(completion(rid, model, body, final))
     except BaseException:
-        ctx.streams.release()
-        with anyio.CancelScope(shield=True):
-            await events.aclose()
+        stream.close()
         raise
-    if not body.stream:  # answered whole: its slot and reader go now (a stream's in _chunks)
-        ctx.streams.release()
-        with anyio.CancelScope(shield=True):
-            await events.aclose()
-        return answer
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     echo = body.prompt_text if body.echo else None
-    return StreamingResponse(_chunks(ctx, rid, model, first, events, include_usage, echo),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamResponse(_chunks(ctx, rid, model, first, stream, include_usage, echo), stream,
+                          on_unfinished=lambda: cancel_quietly(ctx, rid))
 
 
-async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any, events: AsyncIterator[Any],
+async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any, stream: ApiStream,
                   include_usage: bool, echo: str | None) -> AsyncIterator[bytes]:
     created = int(time.time())
-    finished = False
 
     def data(text: str, finish: str | None = None, usage: dict[str, int] | None = None,
              choices: bool = True) -> bytes:
@@ -99,47 +81,34 @@ async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any, events: Asy
                                                  "param": param, "code": code}}))
 
     sent = SentText()
-    try:
-        if echo:
-            yield data(echo)
-        event = first
-        while True:
-            if isinstance(event, TokenEvent):
-                delta = sent.feed(event)
-                if delta is None:
-                    yield error("the request was redone on another worker and wrote a "
-                                "different text; retry it", "server_error", "restarted")
-                    break
-                if delta:
-                    yield data(delta)
-            elif isinstance(event, FinalEvent):
-                finished = True
-                yield data("", "length" if event.finish_reason == "length" else "stop")
-                if include_usage:
-                    p, c = event.usage.prompt_tokens, event.usage.completion_tokens
-                    yield data("", usage={"prompt_tokens": p, "completion_tokens": c,
-                                          "total_tokens": p + c}, choices=False)
+    if echo:
+        yield data(echo)
+    event = first
+    while True:
+        if isinstance(event, TokenEvent):
+            delta = sent.feed(event)
+            if delta is None:
+                yield error("the request was redone on another worker and wrote a "
+                            "different text; retry it", "server_error", "restarted")
                 break
-            elif isinstance(event, ErrorEvent):
-                finished = True
-                err = error_status(event)
-                yield error(err.message, "server_error" if err.status >= 500
-                            else "invalid_request_error", err.code, err.param)
-                break
-            try:
-                event = await events.__anext__()
-            except StopAsyncIteration:
-                break
-            except RequestNotFound as exc:
-                err = _timeout(ctx, exc)
-                yield error(err.message, "timeout_error", err.code)
-                break
-        yield b"data: [DONE]\n\n"
-    finally:
-        ctx.streams.release()
-        with anyio.CancelScope(shield=True):  # cleanup runs even when the client left
-            with contextlib.suppress(Exception):
-                await events.aclose()
-            if not finished:  # the client went away mid-answer: stop generating for nobody
-                with contextlib.suppress(Exception):
-                    await to_thread.run_sync(ctx.client.cancel, rid)
+            if delta:
+                yield data(delta)
+        elif isinstance(event, FinalEvent):
+            yield data("", "length" if event.finish_reason == "length" else "stop")
+            if include_usage:
+                p, c = event.usage.prompt_tokens, event.usage.completion_tokens
+                yield data("", usage={"prompt_tokens": p, "completion_tokens": c,
+                                      "total_tokens": p + c}, choices=False)
+            break
+        elif isinstance(event, ErrorEvent):
+            err = error_status(event)
+            yield error(err.message, "server_error" if err.status >= 500
+                        else "invalid_request_error", err.code, err.param)
+            break
+        try:
+            event = await stream.next()
+        except RequestNotFound as exc:
+            err = _timeout(ctx, exc)
+            yield error(err.message, "timeout_error", err.code)
+            break
+    yield b"data: [DONE]\n\n"

@@ -6,23 +6,25 @@
     POST /v1/messages/batches/{id}/cancel
     GET  /v1/messages/batches/{id}/results    JSONL, once processing ended
 
-The requests arrive inline; they are written as one JSONL input file (one
-`{custom_id, params}` line each, the same caps as an uploaded file) and run as a batch
-with endpoint /v1/messages. Errors here use Anthropic's shape (api/errors.py).
+The requests arrive inline; they are read as the body arrives, one request at a time
+(api/message_body.py), and written as one JSONL input file (one `{custom_id, params}`
+line each, the same caps as an uploaded file), then run as a batch with endpoint
+/v1/messages. Errors here use Anthropic's shape (api/errors.py).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Annotated, Any
 
-import orjson
-from anyio import to_thread
+from anyio import from_thread, to_thread
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from inflight.api.deps import Caller, Ctx
 from inflight.api.errors import APIError
+from inflight.api.message_body import message_batch_lines
 from inflight.api.models.batches import (CreateMessageBatch, MessageBatchList, MessageBatchObject)
 from inflight.api.models.errors import ANTHROPIC_ERRORS
 from inflight.api.responses import json_response
@@ -30,9 +32,6 @@ from inflight.api.routes.batches import owned_batch, start
 from inflight.api.routes.files import stream_file
 from inflight.api.routing import ApiRoute
 from inflight.producers import batch_jobs
-from inflight.producers.batch_lines import LineChecker
-from inflight.schemas.errors import SchemaError
-from inflight.schemas.json_text import parse_json
 from inflight.schemas.anthropic_batch import MESSAGES_URL
 from inflight.store import new_file_id
 
@@ -54,73 +53,41 @@ def _object(ctx: Ctx, row: Any) -> dict[str, Any]:
         row, results_url=base.rstrip("/") + path if base else path)
 
 
-def _lines(ctx: Ctx, body: bytes, batch_id: str) -> list[bytes]:
-    """The body's requests as JSONL lines, checked against the upload caps and, each, as
-    the batch will check it (producers.batch_lines: parameters, unique custom_ids, the
-    served model's context): a bad request refuses the whole batch with the path of its
-    bad field, as Anthropic's API does."""
-    try:
-        data = parse_json(body, what="the request body")
-    except SchemaError as exc:
-        raise APIError(400, exc.message, param=exc.field, code=exc.code) from None
-    if not isinstance(data, dict) or set(data) != {"requests"} or not isinstance(
-            data["requests"], list) or not data["requests"]:
-        raise APIError(400, "the body must be {\"requests\": [{\"custom_id\": ..., "
-                            "\"params\": {...}}, ...]} with at least one request",
-                       param="requests")
-    s = ctx.settings
-    if len(data["requests"]) > s.api_max_upload_lines:
-        raise APIError(413, f"{len(data['requests']):,} requests is over the limit of "
-                            f"{s.api_max_upload_lines:,} (server setting "
-                            "INFLIGHT_API_MAX_UPLOAD_LINES); split them into several batches",
-                       param="requests")
-    checker = LineChecker(batch_id, MESSAGES_URL, context=ctx.models.default.max_model_len,
-                          max_prompt_chars=s.max_prompt_chars,
-                          max_line_bytes=s.kafka_max_message_bytes)
-    lines = []
-    for i, item in enumerate(data["requests"]):
-        if not (isinstance(item, dict) and set(item) == {"custom_id", "params"}
-                and isinstance(item["custom_id"], str) and isinstance(item["params"], dict)):
-            raise APIError(400, f"requests.{i}: give exactly custom_id (a string) and params "
-                                "(a Messages API request)", param=f"requests.{i}")
-        line = orjson.dumps(item)  # NOTE: parse_json let through nothing it cannot encode
-        if len(line) > s.api_max_line_bytes:
-            raise APIError(413, f"requests.{i} is {len(line):,} bytes, over the limit of "
-                                f"{s.api_max_line_bytes:,} (server setting "
-                                "INFLIGHT_API_MAX_LINE_BYTES)", param=f"requests.{i}")
-        try:
-            # the parsed item, not `line` read back: a NaN would read as null there
-            checker.convert_object(item, line)
-        except SchemaError as exc:
-            field = f"requests.{i}.{exc.field}" if exc.field else f"requests.{i}"
-            raise APIError(400, f"requests.{i}: {exc.message}", param=field,
-                           code=exc.code) from None
-        lines.append(line)
-    return lines
-
-
 @router.post("", response_model=MessageBatchObject, summary="Create a Message Batch",
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                  "schema": CreateMessageBatch.model_json_schema(
                      ref_template="#/components/schemas/{model}")}}}})
 async def create_message_batch(request: Request, ctx: Ctx, caller: Caller) -> Response:
-    # NOTE: read raw, not as a pydantic body: up to INFLIGHT_API_MAX_UPLOAD_BYTES of requests
-    # are turned into lines once, without a model object per request.
+    # NOTE: read as it arrives, not as a pydantic body: up to INFLIGHT_API_MAX_UPLOAD_BYTES
+    # of requests, turned into lines one request at a time (api/message_body.py) and
+    # stored as they come, so memory holds one request, never the body
     bid, fid = "msgbatch_" + uuid.uuid4().hex, new_file_id()
-    lines = await to_thread.run_sync(_lines, ctx, await request.body(), bid)
+    body = request.stream()
+
+    async def next_piece() -> bytes | None:
+        try:
+            return await body.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    def pieces() -> Iterator[bytes]:
+        while (piece := from_thread.run(next_piece)) is not None:
+            yield piece
 
     def store_it() -> Any:
+        lines = message_batch_lines(pieces(), batch_id=bid, settings=ctx.settings,
+                                    context=ctx.models.default.max_model_len)
         try:
-            ctx.store.create_file((line + b"\n" for line in lines), purpose="batch",
-                                  filename=f"{bid}_requests.jsonl", owner=caller.owner,
-                                  file_id=fid)
+            ctx.store.create_file(lines, purpose="batch", filename=f"{bid}_requests.jsonl",
+                                  owner=caller.owner, file_id=fid)
         except BaseException:
-            ctx.store.delete_file(fid)
+            ctx.store.delete_file(fid)  # a refused request refuses the batch: nothing stays
             raise
         return batch_jobs.create_batch(ctx.store, input_file_id=fid, endpoint=MESSAGES_URL,
                                        completion_window=WINDOW, owner=caller.owner,
                                        batch_id=bid)
 
+    # its own thread, not a database slot: it holds it for as long as the body streams
     row = await to_thread.run_sync(store_it)
     await start(ctx, row.id)
     return json_response(_object(ctx, row))

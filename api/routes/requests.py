@@ -13,6 +13,7 @@ answers the first request's state and publishes nothing (the first body is what 
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -29,7 +30,9 @@ from inflight.api.models.requests import RequestObject, SubmitRequest, queued_ob
 from inflight.api.responses import json_response
 from inflight.api.routing import ApiRoute
 from inflight.api.sse import sse, stored_events
+from inflight.api.streams import SSE_HEADERS, ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
+from inflight.producers.client import STREAM_CLOCK_SLACK_S, STREAM_LOOKBACK_S
 from inflight.schemas.errors import InflightError
 from inflight.store import FINAL_STATUSES, queued_row
 from inflight.store.owned import release_request
@@ -109,14 +112,12 @@ async def request_events(request_id: PathId, ctx: Ctx, caller: Caller) -> Stream
     if row.status in FINAL_STATUSES:
         # finished: the store has the whole answer (Kafka may have dropped the events)
         return StreamingResponse(_stored(stored_events(row)), media_type="text/event-stream",
-                                 headers=_SSE_HEADERS)
-    ctx.streams.acquire()
-    since = row.created_at.timestamp() if row.created_at is not None else None
-    return StreamingResponse(_events(ctx, request_id, since), media_type="text/event-stream",
-                             headers=_SSE_HEADERS)
-
-
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+                                 headers=SSE_HEADERS)
+    # NOTE: the row's time is the filing API process's clock: the reader starts early
+    since = (row.created_at.timestamp() - STREAM_CLOCK_SLACK_S if row.created_at is not None
+             else time.time() - STREAM_LOOKBACK_S)
+    stream = ctx.streams.open(request_id, since)
+    return StreamResponse(_events(stream), stream)
 
 
 async def _stored(events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
@@ -124,18 +125,15 @@ async def _stored(events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
         yield sse(event["type"], orjson.dumps(event))
 
 
-async def _events(ctx: Ctx, request_id: str, since: float | None) -> AsyncIterator[bytes]:
+async def _events(stream: ApiStream) -> AsyncIterator[bytes]:
+    request_id = stream.request_id
     try:
-        events = ctx.client.stream(request_id, timeout=ctx.settings.api_wait_timeout_s,
-                                   since=since)
-        try:
-            async for event in ctx.streams.iterate(events):
-                yield sse(event.type, orjson.dumps(event.model_dump(mode="json")))
-        except RequestNotFound as exc:
-            yield sse("error", orjson.dumps({"type": "error", "request_id": request_id,
-                                             "code": "timeout", "message": str(exc)}))
-        except InflightError as exc:
-            yield sse("error", orjson.dumps({"type": "error", "request_id": request_id,
-                                             "code": "unavailable", "message": str(exc)}))
-    finally:
-        ctx.streams.release()
+        while not stream.finished:
+            event = await stream.next()
+            yield sse(event.type, orjson.dumps(event.model_dump(mode="json")))
+    except RequestNotFound as exc:
+        yield sse("error", orjson.dumps({"type": "error", "request_id": request_id,
+                                         "code": "timeout", "message": str(exc)}))
+    except InflightError as exc:
+        yield sse("error", orjson.dumps({"type": "error", "request_id": request_id,
+                                         "code": "unavailable", "message": str(exc)}))

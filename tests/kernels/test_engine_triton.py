@@ -50,3 +50,23 @@ def test_greedy_tokens_match_torch(tiny_model, monkeypatch):
     got = run(tiny_model, None)
     assert got == expected
     assert len(got) == 5 and all(len(t) == 6 for t in got)
+
+
+@pytest.mark.parametrize("family", ["gemma3"])
+def test_sliding_families_match_torch(family, tmp_path, monkeypatch):
+    """A family with per-layer windows (Gemma 3: an 8-token window on one layer, q/k norms,
+    32-dim heads, two RoPE tables), contexts past the window, through the Triton kernels."""
+    from tests.tiny_families import write_tiny_family
+
+    path = write_tiny_family(tmp_path / family, family)
+    ids = [[(7 * i + 3 * j) % 300 + 5 for j in range(n)] for i, n in enumerate((30, 21, 3))]
+
+    def tokens(kernels):
+        eng = engine.Engine(engine.EngineConfig(model=path, kernels=kernels, block_size=4,
+                                                num_kv_blocks=64, max_num_batched_tokens=16,
+                                                max_num_seqs=4, dtype="float32", device=DEVICE))
+        params = engine.SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+        return [o.token_ids for o in eng.generate(ids, params)]
+
+    expected = tokens("torch")
+    assert tokens("triton") == expected
