@@ -139,7 +139,9 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         span = slice(lo - first * bs, seq_len - first * bs)
         k = k_flat.index_select(0, idx).view(n_blocks * bs, Hkv, D)[span].transpose(0, 1).float()
         v = v_flat.index_select(0, idx).view(n_blocks * bs, Hkv, D)[span].transpose(0, 1).float()
-        qb = q[s:e].float().transpose(0, 1)  # [Hq, q_len, D]
+        # NOTE: 4-D (batch of one): 3-D inputs with a mask take torch's slow "math" path
+        qb = q[s:e].float().transpose(0, 1)[None]  # [1, Hq, q_len, D]
+        k, v = k[None], v[None]
         if q_len == seq_len and (W is None or W >= seq_len):  # plain causal
             o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
@@ -148,6 +150,7 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             mask = k_pos <= q_pos
             if W is not None:
                 mask &= k_pos > q_pos - W
-            o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[s:e] = o.transpose(0, 1).to(q.dtype)
+            o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask[None, None], scale=scale,
+                                               enable_gqa=True)
+        out[s:e] = o[0].transpose(0, 1).to(q.dtype)
     return out
