@@ -4,14 +4,17 @@
         [--batches 1,8,32] [--methods ngram,suffix,draft,self] [--k 4] [--json out.json]
 
 Workloads (chat-templated, greedy, EOS ends a request, `--max-tokens` caps it):
-  grounded  copy / correct / extract / quote from a given passage (4 tasks x 4 passages)
-  chat      open questions, nothing to copy from
-  similar   64 similar requests (a record turned into JSON): the suffix cache's case
+  grounded    copy / correct / extract / quote from a given passage (4 tasks x 4 passages)
+  chat        open questions, nothing to copy from
+  similar     64 similar requests (a record turned into JSON): the suffix cache's case
+  repetitive  a phrase repeated (the GPU check, on random weights)
 Methods: ngram (prompt lookup, k = --k, 2..4-grams), suffix (own context + the outputs of
 earlier requests), draft (a draft model: the target's first --draft-layers layers, same
 tokenizer), self (the target as its own draft: acceptance 1.0, the cost of verification).
 Batch B: max_num_seqs = B, all requests submitted at once (B = 1: one at a time); each
-(workload, batch) takes the first max(B, --min-requests) requests of the workload. The
+(workload, batch) takes the first max(B, --min-requests) requests of the workload. At
+B = 1 "speedup decoding" leaves the prefill out: tokens after each request's first, over
+the time from its first token to its end (wall), the rate speculation changes. The
 plain engine runs first and last (against load drift; the faster run counts), each method
 in between; speedup = plain CPU time / speculative CPU time (one torch thread: CPU time is
 the steadier measure on a shared machine; wall figures are printed too). Speculation uses
@@ -83,7 +86,20 @@ def similar_tasks(n: int = 64) -> list[str]:
             for _ in range(n)]
 
 
-WORKLOADS = {"grounded": grounded_tasks, "chat": lambda: QUESTIONS, "similar": similar_tasks}
+def repetitive_tasks(n: int = 32) -> list[str]:
+    """A phrase said over and over (random weights continue a loop often enough for n-gram
+    drafts to be accepted: the GPU check's case)."""
+    rng = random.Random(1)
+    words = PASSAGES[0].split()
+    out = []
+    for _ in range(n):
+        start = rng.randrange(len(words) - 8)
+        out.append("Say this again and again: " + " ".join(words[start:start + 8] * 6))
+    return out
+
+
+WORKLOADS = {"grounded": grounded_tasks, "chat": lambda: QUESTIONS, "similar": similar_tasks,
+             "repetitive": repetitive_tasks}
 
 
 def truncated_draft(target: pathlib.Path, layers: int, out: pathlib.Path) -> pathlib.Path:
@@ -141,8 +157,11 @@ def run(path, method, prompts, batch, args, draft) -> dict:
     d = lambda key: s.get(key, 0) - base.get(key, 0)  # noqa: E731
     drafts, draft_tokens, accepted = d("spec_decode_num_drafts"), d("spec_decode_num_draft_tokens"), \
         d("spec_decode_num_accepted_tokens")
+    # decoding alone: each request's tokens after its first, over its first token -> finish
+    decode_s = sum(o.finish_time - o.first_token_time for o in outs)
     return {"method": method, "batch": batch, "requests": len(ids), "output_tokens": n_out,
             "wall_s": t.elapsed, "cpu_s": t.cpu, "tok_s": n_out / t.elapsed, "tok_per_cpu_s": n_out / t.cpu,
+            "decode_tok_s": (n_out - len(outs)) / decode_s if decode_s > 0 else float("nan"),
             "steps": d("steps"), "acceptance": accepted / draft_tokens if draft_tokens else float("nan"),
             "mean_accepted_len": 1 + accepted / drafts if drafts else float("nan"),
             "verifications": drafts, "token_ids": [o.token_ids for o in outs]}
@@ -184,14 +203,16 @@ def main() -> None:
             for r in [plain] + runs[1:-1]:
                 same = sum(a == b for a, b in zip(r["token_ids"], plain["token_ids"]))
                 r.update(workload=workload, identical=same, speedup_cpu=plain["cpu_s"] / r["cpu_s"],
-                         speedup_wall=plain["wall_s"] / r["wall_s"])
+                         speedup_wall=plain["wall_s"] / r["wall_s"],
+                         speedup_decode=r["decode_tok_s"] / plain["decode_tok_s"])
                 rows.append((r["method"], r["requests"], r["output_tokens"], r["tok_per_cpu_s"], r["tok_s"],
-                             f"{r['speedup_cpu']:.2f}x", f"{r['speedup_wall']:.2f}x", r["acceptance"],
+                             f"{r['speedup_cpu']:.2f}x", f"{r['speedup_wall']:.2f}x",
+                             f"{r['speedup_decode']:.2f}x" if batch == 1 else "-", r["acceptance"],
                              r["mean_accepted_len"], f"{same}/{r['requests']}"))
                 results.append({k: v for k, v in r.items() if k != "token_ids"})
             print_table(f"{workload}, batch {batch}", rows,
                         ("method", "requests", "out tokens", "tok/CPU s", "tok/s wall", "speedup CPU",
-                         "speedup wall", "acceptance", "mean acc len", "identical"))
+                         "speedup wall", "speedup decoding", "acceptance", "mean acc len", "identical"))
     shutil.rmtree(tmp, ignore_errors=True)
     print(machine_note())
     write_json(args.json, {"results": results, "machine": machine_note(), "args": vars(args)})

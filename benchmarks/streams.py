@@ -54,6 +54,15 @@ import orjson  # noqa: E402
 import psutil  # noqa: E402
 
 
+def explicit_env(s) -> dict[str, str]:
+    """INFLIGHT_* of the settings this benchmark sets, nothing else: another version's
+    processes keep their own defaults (e.g. the old INFLIGHT_API_MAX_STREAMS)."""
+    from inflight.cli.commands import settings_env
+
+    return {k: v for k, v in settings_env(s).items()
+            if k[len("INFLIGHT_"):].lower() in s.model_fields_set}
+
+
 # --- the load generator ------------------------------------------------------------------
 
 async def one_stream(port: int, token: str, max_tokens: int, out: dict) -> None:
@@ -187,7 +196,6 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> No
 def run_version(name: str, python: str, args, broker) -> list[dict]:
     from inflight.api.keys import create_key
     from inflight.cli.broker import free_port
-    from inflight.cli.commands import settings_env
     from inflight.cli.topics import create_topics
     from inflight.schemas import Settings
     from inflight.store import Store, upgrade
@@ -206,15 +214,16 @@ def run_version(name: str, python: str, args, broker) -> list[dict]:
                  kafka_heartbeat_interval_ms=1000, api_wait_timeout_s=args.timeout,
                  served_model_name="default", data_dir=tmp / "data")
     create_topics(s, partitions=args.partitions)
-    env = {**os.environ, **settings_env(s), "OMP_NUM_THREADS": "1",
+    env = {**os.environ, **explicit_env(s), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT / "benchmarks")}
     log = open(tmp / "procs.log", "wb")
     worker = subprocess.Popen(
         [python, str(ROOT / "benchmarks" / "synthetic_worker.py"), "--report",
          str(tmp / "worker.json"), "--max-num-seqs", str(top), "--step-ms", str(args.step_ms)],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+    # NOTE: cwd outside any checkout: `python -m inflight` would import ./inflight first
     recorder = subprocess.Popen([python, "-m", "inflight", "recorder"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, cwd=tmp)
     store = Store(db)
     token = create_key(store, "streams").token
     broker_port = int(broker.bootstrap.rsplit(":", 1)[1])
@@ -223,7 +232,7 @@ def run_version(name: str, python: str, args, broker) -> list[dict]:
         for c in args.streams:
             port = free_port()
             api = subprocess.Popen([python, "-m", "inflight", "api", "--port", str(port)],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+                                   env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
             try:
                 url = f"http://127.0.0.1:{port}"
                 wait_healthy(url, api)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from inflight.engine.model_config import SUPPORTED_ARCHS, ModelConfig  # noqa: F401 (re-exported)
 from inflight.engine.model_weights import FusedLayerWeights, load_tensors, load_weights  # noqa: F401
+from inflight.engine.quant.linear import dense_linear
 from inflight.engine.rope import rope_cos_sin_table
 from inflight.kernels.activation import gelu_tanh_and_mul_ref
 from inflight.kernels.kv_quant import SCALE_DTYPE, cache_bytes_per_token_head, is_quantized
@@ -106,7 +107,7 @@ class LlamaModel:
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final hidden states [R, hidden] -> fp32 logits [R, vocab]."""
-        logits = F.linear(h, self.lm_head)
+        logits = dense_linear(h, self.lm_head)  # column slices for a verification's few rows
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

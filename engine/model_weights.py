@@ -94,7 +94,13 @@ def load_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], dtype: torch.dtyp
         return w.to(device=device, dtype=dtype).contiguous()
 
     def linear(*names: str) -> Linear:
-        return load_linear(stored, names, cfg.quantization, dtype, device, backend, folder)
+        layer = load_linear(stored, names, cfg.quantization, dtype, device, backend, folder)
+        # the layer holds its own copy (a CPU fp32 dense layer: transposed, engine/quant/
+        # linear.py): drop the checkpoint's so that loading never holds both
+        for n in names:
+            for key in [k for k in t if k.startswith((n + ".", "model." + n + "."))]:
+                del t[key]
+        return layer
 
     layers = []
     for i in range(cfg.num_layers):

@@ -157,7 +157,9 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         span = slice(lo - first * bs, seq_len - first * bs)
         k = blocks(k_flat, ks_flat, idx)[span].transpose(0, 1)
         v = blocks(v_flat, vs_flat, idx)[span].transpose(0, 1)
-        qb = q[s:e].float().transpose(0, 1)  # [Hq, q_len, D]
+        # NOTE: 4-D (batch of one): 3-D inputs with a mask take torch's slow "math" path
+        qb = q[s:e].float().transpose(0, 1)[None]  # [1, Hq, q_len, D]
+        k, v = k[None], v[None]
         if q_len == seq_len and (W is None or W >= seq_len):  # plain causal
             o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
@@ -166,6 +168,7 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             mask = k_pos <= q_pos
             if W is not None:
                 mask &= k_pos > q_pos - W
-            o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[s:e] = o.transpose(0, 1).to(q.dtype)
+            o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask[None, None], scale=scale,
+                                               enable_gqa=True)
+        out[s:e] = o[0].transpose(0, 1).to(q.dtype)
     return out

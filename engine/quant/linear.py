@@ -32,12 +32,42 @@ class Linear(Protocol):
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
+# NOTE: on CPU (fp32, MKL, one thread; docs/benchmarks.md, speculative decoding) a matmul of
+# a few rows (a speculative verification: 2-32 tokens) runs markedly faster against a
+# weight stored transposed, [K, N] contiguous (x @ W_t), than through F.linear's [N, K]
+# layout, and never slower for one row or many: dense layers keep their weight that way
+# there. The LM head is the embedding too (its rows are looked up), so it keeps [N, K] and
+# a few rows go through it in slices of its output columns (`dense_linear`), each slice
+# read once, while in cache, for all rows.
+FEW_ROWS = (2, 32)
+COLUMN_SLICE = 512
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear of an [N, K] weight, in column slices for a few rows on CPU (NOTE above)."""
+    N = weight.shape[0]
+    if x.device.type != "cpu" or not FEW_ROWS[0] <= x.shape[0] <= FEW_ROWS[1] or N <= COLUMN_SLICE:
+        return F.linear(x, weight, bias)
+    return torch.cat([F.linear(x, weight[i:i + COLUMN_SLICE],
+                               None if bias is None else bias[i:i + COLUMN_SLICE])
+                      for i in range(0, N, COLUMN_SLICE)], dim=1)
+
+
 class DenseLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.weight, self.bias = weight, bias
+        self.bias = bias
+        # transposed on CPU in fp32 (the NOTE above); `weight` is [N, K] either way
+        self.transposed = weight.device.type == "cpu" and weight.dtype == torch.float32
+        self._w = weight.t().contiguous() if self.transposed else weight
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._w.t() if self.transposed else self._w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if not self.transposed:
+            return F.linear(x, self._w, self.bias)
+        return x @ self._w if self.bias is None else torch.addmm(self.bias, x, self._w)
 
 
 class W8Linear:

@@ -1,8 +1,7 @@
 """How many drafts a request should verify next: as many as pay for themselves.
 
 Each draft token makes the verification forward dearer by a share `c` of a plain decode
-step (`draft_token_cost`; on one CPU thread a 5-token forward costs about 1.8 plain
-ones, so c is about 0.2; on a GPU at small batch far less). With drafts accepted one
+step (`draft_token_cost`: about 0.12 on one CPU thread, far less on a GPU at small batch). With drafts accepted one
 after another with probability q, a verification of d drafts emits on average
 E(d) = 1 + q + ... + q^d tokens for a cost of 1 + c d. The request verifies the d <= k
 that maximises E(d) / (1 + c d); d = 0 (no drafts) when none beats plain decoding by

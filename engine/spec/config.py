@@ -29,10 +29,10 @@ DEFAULT_DISABLE_BY_BATCH_SIZE = 8
 # Requests of this priority value or higher (the wire's PRIORITY_BATCH) do not speculate
 # unless their SamplingParams.speculative is True: an overnight batch keeps the device busy.
 DEFAULT_BATCH_PRIORITY = 10
-# draft_token_cost by device type: CPU measured (benchmarks/spec_decode.py: a 5-token forward
-# of SmolLM2-135M costs ~1.8 one-token ones); CUDA from the bound on verification
-# at batch 1 (k = 4 within 1.3x of a plain step), not measured yet.
-DRAFT_TOKEN_COST = {"cpu": 0.2, "cuda": 0.075}
+# draft_token_cost by device type: CPU measured on SmolLM2-135M, one thread (the cost of
+# 5-13-token forwards against a 1-token one: docs/benchmarks.md); CUDA from the issue's
+# bound on verification at batch 1 (k = 4 within 1.3x of a plain step), not measured yet.
+DRAFT_TOKEN_COST = {"cpu": 0.12, "cuda": 0.075}
 
 
 @dataclass(frozen=True)
