@@ -136,7 +136,7 @@ def test_prefix_cache_preemption_and_speculation_keep_the_tokens(tiny_model_path
     if cfg == "draft":  # the target drafting for itself, its cache 8-bit too
         cfg = {"method": "draft_model", "model": str(tiny_model_path), "num_speculative_tokens": 3,
                "disable_by_batch_size": None}
-    eng = Engine(EngineConfig(model=tiny_model_path, kv_cache_dtype=name, num_kv_blocks=22,
+    eng = Engine(EngineConfig(model=tiny_model_path, kv_cache_dtype=name, num_kv_blocks=16,
                               block_size=4, max_num_batched_tokens=16, max_num_seqs=6,
                               debug_checks=True, speculative_config=cfg))
     assert run_poisoned(eng, prompts) == want
