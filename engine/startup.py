@@ -78,7 +78,7 @@ def _after_weights(config: EngineConfig, scope: DeviceScope, probe: MemoryProbe 
     if spec is not None and spec.method == "draft_model":
         draft = load_draft_model(spec, config.model, model,
                                  lambda path: LlamaModel(path, ops, config.torch_dtype, device,
-                                                         model.max_model_len))
+                                                         model.max_model_len, config.kv_torch_dtype))
     after_weights = probe.snapshot() if probe is not None else None
     cuda_graphs = config.resolve_cuda_graphs(ops.name)
     capture = cuda_graphs and device.type == "cuda"

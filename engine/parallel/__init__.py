@@ -33,7 +33,8 @@ def load_model(config, folder: pathlib.Path, ops, device: torch.device,
     from inflight.engine.parallel.sharded_model import LeaderModel
 
     if not config.tensor_parallel and group is None:
-        return LlamaModel(folder, ops, config.torch_dtype, device, config.max_model_len), None
+        return LlamaModel(folder, ops, config.torch_dtype, device, config.max_model_len,
+                          config.kv_torch_dtype), None
     from inflight.engine.model_config import ModelConfig
     from inflight.engine.parallel.shard import ShardPlan
 
@@ -45,7 +46,8 @@ def load_model(config, folder: pathlib.Path, ops, device: torch.device,
         raise ConfigError(f"EngineConfig.tensor_parallel_size={config.tensor_parallel_size} but the "
                           f"given group has {group.world} ranks")
     try:
-        model = LeaderModel(folder, ops, config.torch_dtype, device, config.max_model_len, tp=group)
+        model = LeaderModel(folder, ops, config.torch_dtype, device, config.max_model_len,
+                            config.kv_torch_dtype, tp=group)
     except BaseException:
         if owned:
             group.close()
