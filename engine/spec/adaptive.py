@@ -60,10 +60,9 @@ def linear_costs(k: int, per_draft: float) -> list[float]:
     return [1.0 + per_draft * d for d in range(k + 1)]
 
 
-def extended_costs(k: int, measured: Sequence[float]) -> list[float]:
-    """A measured curve for d = 0..k, past its end on at its last slope."""
+def extended_costs(k: int, measured: Sequence[float], slope: float) -> list[float]:
+    """A measured curve for d = 0..k, past its end on by `slope` a draft."""
     out = list(measured[:k + 1])
-    slope = measured[-1] - measured[-2]
     while len(out) <= k:
         out.append(out[-1] + slope)
     return out

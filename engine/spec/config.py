@@ -31,11 +31,14 @@ DEFAULT_DISABLE_BY_BATCH_SIZE = 8
 DEFAULT_BATCH_PRIORITY = 10
 # NOTE: what a verification of d drafts costs, in plain decode steps (d = 0, 1, ...), when
 # draft_token_cost is not given. CPU: measured on SmolLM2-135M, fp32, one thread, context
-# 300 (the minimum of 12 steps each; d = 9 and 11 interpolated): up to 3 rows ride
-# MKL's few-row path, 4 and more take oneDNN's (engine/quant/linear.py); past the end the
-# curve goes on at its last slope. CUDA: 1 + 0.075 d, from the bound on batch-1
-# verification (k = 4 within 1.3x of a plain step), not measured yet.
-CPU_VERIFY_COSTS = (1.0, 1.05, 1.12, 1.57, 1.58, 1.66, 1.66, 1.75, 1.81, 1.85, 1.90, 1.96, 2.03)
+# 300 (the minimum of 12 steps each at d = 1-8, 10, 12, 14, 16, 20, 24; the rest
+# interpolated): up to 3 rows ride MKL's few-row path, 4 and more take oneDNN's
+# (engine/quant/linear.py); past d = 16 it goes on by CPU_VERIFY_COST_SLOPE a draft.
+# CUDA: 1 + 0.075 d, from the bound on batch-1 verification (k = 4 within 1.3x of
+# a plain step), not measured yet.
+CPU_VERIFY_COSTS = (1.0, 1.05, 1.12, 1.57, 1.58, 1.66, 1.66, 1.75, 1.80, 1.85, 1.90, 1.96, 2.02,
+                    2.04, 2.06, 2.08, 2.10)
+CPU_VERIFY_COST_SLOPE = 0.035
 CUDA_DRAFT_TOKEN_COST = 0.075
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from inflight.engine.request import Request, RequestStatus
 from inflight.engine.spec.adaptive import DraftLength, extended_costs, linear_costs
-from inflight.engine.spec.config import CPU_VERIFY_COSTS, CUDA_DRAFT_TOKEN_COST, SpeculativeConfig
+from inflight.engine.spec.config import (CPU_VERIFY_COST_SLOPE, CPU_VERIFY_COSTS, CUDA_DRAFT_TOKEN_COST,
+                                         SpeculativeConfig)
 from inflight.engine.spec.stats import SpecStats
 
 
@@ -36,7 +37,7 @@ class SpecDecoder:
         if cost is not None:
             self.costs = linear_costs(self.k, cost)
         elif device_type == "cpu":
-            self.costs = extended_costs(self.k, CPU_VERIFY_COSTS)
+            self.costs = extended_costs(self.k, CPU_VERIFY_COSTS, CPU_VERIFY_COST_SLOPE)
         else:
             self.costs = linear_costs(self.k, CUDA_DRAFT_TOKEN_COST)
 

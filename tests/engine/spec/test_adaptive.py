@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inflight.engine.spec.adaptive import MIN_GAIN, DraftLength, extended_costs, linear_costs
-from inflight.engine.spec.config import CPU_VERIFY_COSTS
+from inflight.engine.spec.config import CPU_VERIFY_COST_SLOPE, CPU_VERIFY_COSTS
 
 
 def expected_gain(q: float, d: int, cost: float) -> float:
@@ -39,15 +39,15 @@ def test_the_measured_cpu_curve():
     """On CPU 1-2 drafts cost little and 3 or more a step up (config.CPU_VERIFY_COSTS): a
     request that is right a third of the time verifies 1-2 drafts, one that copies all of
     k, one never right none; the curve goes on past its end at its last slope."""
-    costs = extended_costs(16, CPU_VERIFY_COSTS)
-    assert len(costs) == 17 and costs[:len(CPU_VERIFY_COSTS)] == list(CPU_VERIFY_COSTS)
-    assert costs[16] - costs[15] == costs[12] - costs[11] and costs[0] == 1.0
-    assert extended_costs(4, CPU_VERIFY_COSTS) == list(CPU_VERIFY_COSTS[:5])
-    assert DraftLength(1, 2).choose(16, costs) in (1, 2)
-    assert DraftLength(50, 0).choose(16, costs) == 16
-    assert DraftLength(0, 10).choose(16, costs) == 0
+    costs = extended_costs(24, CPU_VERIFY_COSTS, CPU_VERIFY_COST_SLOPE)
+    assert len(costs) == 25 and costs[:len(CPU_VERIFY_COSTS)] == list(CPU_VERIFY_COSTS)
+    assert abs(costs[24] - costs[16] - 8 * CPU_VERIFY_COST_SLOPE) < 1e-9 and costs[0] == 1.0
+    assert extended_costs(4, CPU_VERIFY_COSTS, 1.0) == list(CPU_VERIFY_COSTS[:5])
+    assert DraftLength(1, 2).choose(24, costs) in (1, 2)
+    assert DraftLength(50, 0).choose(24, costs) == 24
+    assert DraftLength(0, 10).choose(24, costs) == 0
     for hits, misses in ((0, 0), (3, 3), (6, 1), (20, 1)):
         dl = DraftLength(hits, misses)
-        d = dl.choose(16, costs)
-        gains = [sum(dl.acceptance ** i for i in range(j + 1)) / costs[j] for j in range(17)]
+        d = dl.choose(24, costs)
+        gains = [sum(dl.acceptance ** i for i in range(j + 1)) / costs[j] for j in range(25)]
         assert gains[d] == max(gains) or (d == 0 and max(gains) <= MIN_GAIN), (hits, misses)
