@@ -21,7 +21,8 @@ For each variant:
 KV-cache dtypes (`--kv-cache-dtypes auto,int8,fp8`, on the source weights in each of
 `--kv-model-dtypes float32,bfloat16`; `--kv-only` runs this part alone): perplexity beside
 the model dtype's cache (`auto`), KV blocks that the same --kv-cache-mib budget holds, and
-greedy agreement with `auto` (same prompts and tokens as above).
+greedy agreement with `auto` (same prompts and tokens as above), and that run's decode
+tok/s (wall and per CPU second).
 
 `--crossover` adds the table behind the CPU dispatch in kernels/quant_cpu.py: one layer's
 four matmuls (SmolLM2-135M shapes) by rows, dense vs torch's packed int kernels vs
@@ -179,7 +180,8 @@ def kv_cache_report(src: pathlib.Path, args, windows, prompts) -> list[dict]:
             row = {"model_dtype": dtype, "kv_cache_dtype": kv, "num_kv_blocks": eng.num_kv_blocks,
                    "kv_bytes_per_token": eng.model.kv_bytes_per_block(eng.block_size) // eng.block_size}
             row["ppl"], row["ppl_wall_s"], row["ppl_cpu_s"] = perplexity(eng, windows)
-            row["tokens"] = decode_run(eng, prompts, args.tokens)["tokens"]
+            run = decode_run(eng, prompts, args.tokens)
+            row.update(tokens=run["tokens"], tok_s=run["decode_tok_s"], tok_cpu=run["decode_tok_per_cpu_s"])
             eng.close()
             by[kv] = row
             print(f"{dtype} kv {kv}: {row['num_kv_blocks']} blocks, ppl {row['ppl']:.4f} "
@@ -199,10 +201,12 @@ def kv_cache_report(src: pathlib.Path, args, windows, prompts) -> list[dict]:
                 f"{args.prompts} prompts x {args.tokens} tokens",
                 [(r["model_dtype"], r["kv_cache_dtype"], r["kv_bytes_per_token"], r["num_kv_blocks"],
                   f"{r['blocks_vs_auto']:.2f}x", f"{r['ppl']:.4f}", f"{100 * r['ppl_vs_auto']:+.2f}%",
-                  f"{100 * r['greedy_agreement']:.1f}%", f"{100 * r['first_token_agreement']:.1f}%")
+                  f"{100 * r['greedy_agreement']:.1f}%", f"{100 * r['first_token_agreement']:.1f}%",
+                  r["tok_s"], r["tok_cpu"])
                  for r in results],
                 ("model dtype", "KV cache", "bytes/token", "KV blocks", "vs auto", "ppl", "vs auto",
-                 "greedy = auto", "first token = auto"))
+                 "greedy = auto", "first token = auto", f"tok/s b{args.prompts}",
+                 f"tok/CPU s b{args.prompts}"))
     return results
 
 

@@ -26,8 +26,8 @@ def load_model(config, folder: pathlib.Path, ops, device: torch.device,
     here for `config.tensor_parallel_size` ranks when not given) -> (model, group or None).
 
     NOTE: every rank builds its model from LOAD's JSON (engine/parallel/sharded_model.py,
-    `LeaderModel`): an argument added to `LlamaModel` (a KV-cache dtype, say) goes there too,
-    or the followers would build another model than rank 0's."""
+    `LeaderModel`): an argument added to `LlamaModel` goes there too (as `kv_dtype` does, by
+    its kv_cache_dtype name), or the followers would build another model than rank 0's."""
     from inflight.engine.errors import ConfigError
     from inflight.engine.model import LlamaModel
     from inflight.engine.parallel.sharded_model import LeaderModel

@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 
 from inflight.engine.config import DTYPES
-from inflight.kernels.kv_quant import KV_CACHE_DTYPES
 from inflight.engine.model import AttentionMetadata, LlamaModel
 from inflight.engine.model_config import ModelConfig
 from inflight.engine.parallel import handoff
 from inflight.engine.parallel.group import Group, TensorParallelError
 from inflight.engine.parallel.shard import ShardPlan, read_shard
+from inflight.kernels.kv_quant import KV_CACHE_DTYPES
 
 
 class RowParallel:

@@ -35,6 +35,17 @@ def test_config_names_the_allowed_values(tiny_model_path):
         assert EngineConfig(model=tiny_model_path, kv_cache_dtype=name).kv_torch_dtype == torch.float8_e4m3fn
 
 
+def test_a_worker_engine_takes_it_from_the_settings(tiny_model_path, monkeypatch):
+    from inflight.consumers.engine_bridge import build_engine
+    from inflight.schemas.settings import Settings
+
+    monkeypatch.setenv("INFLIGHT_KV_CACHE_DTYPE", "fp8")
+    eng = build_engine(Settings(), str(tiny_model_path), kv_cache_mb=4)
+    assert eng.config.kv_cache_dtype == "fp8" and eng.runner.kv_caches[0][0].dtype == torch.float8_e4m3fn
+    eng = build_engine(Settings(), str(tiny_model_path), kv_cache_mb=4, kv_cache_dtype="int8")
+    assert eng.runner.kv_caches[0][0].dtype == torch.int8
+
+
 def test_environment_and_worker_flag(monkeypatch):
     from inflight.cli.main import build_parser
     from inflight.consumers.engine_bridge import engine_overrides
