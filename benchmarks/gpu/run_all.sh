@@ -12,7 +12,7 @@
 #   models      random-weight bf16 checkpoints: SmolLM2-135M shape and the "1B" shape
 #   tests       the GPU-only tests (tests/engine/test_cuda.py: devices, streams, KV sizing
 #               after profiling, ...; test_kv_sizing.py, test_device.py) and the kernel
-#               tests on CUDA
+#               tests on CUDA (8-bit KV caches included: tests/kernels/test_kv_quant.py)
 #   profile-*   benchmarks/step_profile.py, batch 1/32/256, CUDA graphs on and off
 #   throughput-* benchmarks/throughput.py --device cuda, 2,048 requests vs HF static batches
 #   kernels     benchmarks/bench_kernels.py --quick (eager and CUDA-graph replay)
@@ -138,7 +138,7 @@ if [ "$SMOKE" = 1 ]; then
 else
     stage tests 240 "$PY" -m pytest -q -p no:cacheprovider -x "${GPU_TESTS[@]}" \
         tests/kernels/test_engine_triton.py tests/kernels/test_attention.py \
-        tests/kernels/test_elementwise.py
+        tests/kernels/test_elementwise.py tests/kernels/test_kv_quant.py
 fi
 
 # -- decode step profile -------------------------------------------------------------------
