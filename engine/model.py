@@ -107,7 +107,7 @@ class LlamaModel:
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final hidden states [R, hidden] -> fp32 logits [R, vocab]."""
-        logits = dense_linear(h, self.lm_head)  # column slices for a verification's few rows
+        logits = dense_linear(h, self.lm_head)  # oneDNN for a verification's few rows on CPU
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -95,8 +95,8 @@ def load_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], dtype: torch.dtyp
 
     def linear(*names: str) -> Linear:
         layer = load_linear(stored, names, cfg.quantization, dtype, device, backend, folder)
-        # the layer holds its own copy (a CPU fp32 dense layer: transposed, engine/quant/
-        # linear.py): drop the checkpoint's so that loading never holds both
+        # drop the checkpoint's tensors once the layer holds what it reads (a converted or
+        # fused copy): loading never holds both for the whole model
         for n in names:
             for key in [k for k in t if k.startswith((n + ".", "model." + n + "."))]:
                 del t[key]
