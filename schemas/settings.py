@@ -122,6 +122,7 @@ class Settings(BaseSettings):
     kernels: str | None = None  # torch | triton (None = triton on CUDA, torch on CPU)
     cuda_graphs: bool | None = None  # decode steps as CUDA graphs (None = on for CUDA + triton; 0 = off)
     tensor_parallel_size: int | None = None  # GPUs (ranks) one worker shards its model over (1)
+    kv_cache_dtype: str | None = None  # auto (the model dtype) | int8 | fp8 (e4m3); None = auto
     # speculative decoding, vLLM's speculative_config as JSON (None/empty = off), e.g.
     # INFLIGHT_SPECULATIVE_CONFIG='{"method": "ngram", "num_speculative_tokens": 4}'; the
     # engine checks the keys (engine/spec/config.py); `inflight worker --speculative-config` wins
