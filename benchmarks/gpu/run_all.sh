@@ -33,6 +33,8 @@
 #   spec-decode benchmarks/spec_decode.py --device cuda on the 1B shape, batch 1 and 32:
 #               n-gram on repetitive prompts and the target as its own draft (random
 #               weights accept nothing from another draft), tok/s with and without
+#   kv8         bench_kernels.py --kv-only: decode attention and the KV write on int8 / fp8
+#               KV caches against the bf16 cache (CUDA-graph replay; kernels/kv_quant.py)
 #   families-exact-*  each model family's exactness test (tests/engine/test_families.py)
 #               on the GPU, fp32 then bf16
 #   family-*    a random checkpoint of each family's real shape (Llama-3.1-8B, Qwen2.5-7B,
@@ -211,6 +213,10 @@ else
         --threshold 0 --max-tokens 64 --min-requests 32 --kv-cache-mib 4096 \
         --json "$WORK/json/spec-decode.json"
 fi
+
+# -- 8-bit KV cache: the Triton kernels on int8 / fp8 caches vs bf16 (GPU only) --------------------
+stage kv8 90 "$PY" benchmarks/bench_kernels.py --quick --kv-only --kv-cache-dtypes int8,fp8 \
+    --json "$WORK/json/kv8.json"
 
 # -- model families: exact on the GPU, real shapes through the throughput benchmark --------------
 if [ "$SMOKE" = 1 ]; then

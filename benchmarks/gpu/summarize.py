@@ -96,11 +96,23 @@ def summarize(data: dict) -> list[str]:
            "Targets: B=1 at ctx >= 2k reaches 40% of HBM; no decode shape loses to torch.", ""]
     md += table(["shape", "eager ms", "graph ms", "% HBM (graph)", "torch graph ms",
                  "speedup", "target"], rows)
+    md += kv8_section(data.get("kv8", {}))
     md += quant_section(data.get("quant", {}))
     md += families_section(data)
     md += tp_section(data.get("tensor-parallel", {}))
     md += spec_section(data.get("spec-verify", {}), data.get("spec-decode", {}))
     return md
+
+
+def kv8_section(k: dict) -> list[str]:
+    """8-bit KV caches (issue 24): the Triton kernels on int8 / fp8 caches vs the bf16 cache."""
+    rows = [[r["kernel"], r["shape"], f"{r['triton_ms']:.4f}", f"{r['torch_ms']:.4f}",
+             f"{r['speedup']:.2f}x", f"{r['pct_peak']:.1f}%"] for r in k.get("rows", [])]
+    if not rows:
+        return []
+    md = ["## 8-bit KV cache (benchmarks/bench_kernels.py --kv-only --kv-cache-dtypes int8,fp8)", "",
+          "CUDA-graph replay; the baseline is the same kernel on the bf16 cache.", ""]
+    return md + table(["kernel", "shape", "8-bit ms", "bf16 ms", "speedup", "% HBM (8-bit bytes)"], rows)
 
 
 def spec_section(v: dict, d: dict) -> list[str]:
