@@ -200,8 +200,12 @@ def _line(raw: bytes, i: int, checker: LineChecker, s: Settings) -> bytes:
     try:
         item = parse_json(raw, what=f"requests.{i}")
     except SchemaError as exc:
+        # a field's path is inside the request (the rest name `requests.{i}` already);
+        # the client's path starts at the body
         field = f"requests.{i}.{exc.field}" if exc.field else f"requests.{i}"
-        raise APIError(400, exc.message, param=field, code=exc.code) from None
+        message = (f"requests.{i}.{exc.message}" if exc.field and exc.message.startswith(exc.field)
+                   else exc.message)
+        raise APIError(400, message, param=field, code=exc.code) from None
     if not (isinstance(item, dict) and set(item) == {"custom_id", "params"}
             and isinstance(item["custom_id"], str) and isinstance(item["params"], dict)):
         raise APIError(400, f"requests.{i}: give exactly custom_id (a string) and params "

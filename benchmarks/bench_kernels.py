@@ -12,6 +12,11 @@ Baselines, timed in the same run: for attention, torch gathers the paged K/V int
 contiguous tensors and calls scaled_dot_product_attention (what a torch-only engine would
 do); for the other kernels, the plain-torch reference op the engine uses on CPU.
 
+`--kv-cache-dtypes int8,fp8` adds decode attention and the KV write on 8-bit caches
+(kernels/kv_quant.py: values + one fp16 scale per token and KV head) against the same
+kernels on the 16-bit cache, CUDA-graph replay, same shapes, same run (`--kv-only`: that
+part alone).
+
 Needs a CUDA GPU; elsewhere it says so and exits 0.
 """
 
@@ -61,14 +66,14 @@ def bench_graph_ms(fn) -> float:
     return bench_ms(graph.replay)
 
 
-def paged_cache(batch: int, context: int, dtype, seed: int):
+def paged_cache(batch: int, context: int, dtype, seed: int, device: str = "cuda"):
     """A cache holding `batch` contexts of `context` tokens in scattered blocks."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     per_seq = math.ceil(context / BLOCK_SIZE)
     num_blocks = batch * per_seq
-    k_cache = torch.randn(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, device="cuda", dtype=dtype, generator=gen)
+    k_cache = torch.randn(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, device=device, dtype=dtype, generator=gen)
     v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(num_blocks, device="cuda", generator=gen).view(batch, per_seq).to(torch.int32)
+    tables = torch.randperm(num_blocks, device=device, generator=gen).view(batch, per_seq).to(torch.int32)
     return k_cache, v_cache, tables
 
 
@@ -148,6 +153,66 @@ def attention_rows(dtype, quick: bool, peaks) -> list[dict]:
     nbytes = 2 * (batch * context + chunk) * KV_HEADS * HEAD_DIM * elt
     rows.append(row("attention mixed", f"{batch} dec@{context} + chunk {chunk}", ms, None,
                     gbs=nbytes / ms / 1e6, peaks=peaks))
+    return rows
+
+
+def quantized_cache(cache: torch.Tensor, kv_dtype, chunk: int = 4096):
+    """cache [num_blocks, ...] -> (8-bit values, fp16 scales), a chunk of blocks at a time
+    (the fp32 temporaries of a whole 16 GiB cache would not fit beside it)."""
+    from inflight.kernels.kv_quant import SCALE_DTYPE, quantize_kv
+
+    values = torch.empty(cache.shape, dtype=kv_dtype, device=cache.device)
+    scales = torch.empty(cache.shape[:3], dtype=SCALE_DTYPE, device=cache.device)
+    for i in range(0, cache.shape[0], chunk):
+        values[i:i + chunk], scales[i:i + chunk] = quantize_kv(cache[i:i + chunk], kv_dtype)
+    return values, scales
+
+
+def kv8_rows(dtype, quick: bool, peaks, names: list[str], timer=None, device="cuda") -> list[dict]:
+    """Decode attention and the KV write on 8-bit caches vs the `dtype` cache, graph replay."""
+    from inflight.kernels.kv_quant import KV_CACHE_DTYPES, SCALE_DTYPE, cache_bytes_per_token_head
+    from inflight.kernels.triton_attention import paged_attention_triton
+    from inflight.kernels.triton_kv_write import write_kv_triton
+
+    timer = timer or bench_graph_ms
+    scale = HEAD_DIM ** -0.5
+    rows = []
+    for batch in ([1, 32, 256] if quick else DECODE_BATCHES):
+        for context in ([2048, 32768] if quick else DECODE_CONTEXTS):
+            if batch * context > MAX_KV_TOKENS // 2:  # the 8-bit copies live beside the 16-bit cache
+                continue
+            k_cache, v_cache, tables = paged_cache(batch, context, dtype, seed=batch + context, device=device)
+            q = torch.randn(batch, Q_HEADS, HEAD_DIM, device=device, dtype=dtype)
+            seq_lens = torch.full((batch,), context, device=device, dtype=torch.int32)
+            qsl = torch.arange(batch + 1, device=device, dtype=torch.int32)
+            base_ms = timer(lambda: paged_attention_triton(q, k_cache, v_cache, tables, seq_lens, qsl, scale))
+            for name in names:
+                (k8, ks), (v8, vs) = (quantized_cache(c, KV_CACHE_DTYPES[name]) for c in (k_cache, v_cache))
+                ms = timer(lambda: paged_attention_triton(q, k8, v8, tables, seq_lens, qsl, scale,
+                                                          k_scale=ks, v_scale=vs))
+                nbytes = 2 * batch * context * KV_HEADS * cache_bytes_per_token_head(k8.dtype, HEAD_DIM)
+                rows.append(row("attention decode kv8", f"{name} B={batch} ctx={context}", ms, base_ms,
+                                gbs=nbytes / ms / 1e6, peaks=peaks, batch=batch, context=context,
+                                kv_cache_dtype=name))
+                del k8, ks, v8, vs
+            del k_cache, v_cache
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    tokens = 4096 if device == "cuda" else 8
+    k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    blocks = -(-tokens // BLOCK_SIZE)
+    slots = torch.randperm(blocks * BLOCK_SIZE, device=device)[:tokens]
+    caches = [torch.empty(blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, device=device, dtype=dtype) for _ in range(2)]
+    base_ms = timer(lambda: write_kv_triton(k, v, caches[0], caches[1], slots))
+    for name in names:
+        c8 = [torch.empty(c.shape, device=device, dtype=KV_CACHE_DTYPES[name]) for c in caches]
+        s8 = [torch.empty(c.shape[:3], device=device, dtype=SCALE_DTYPE) for c in caches]
+        ms = timer(lambda: write_kv_triton(k, v, c8[0], c8[1], slots, s8[0], s8[1]))
+        nbytes = 2 * k.numel() * k.element_size() + 2 * tokens * KV_HEADS * cache_bytes_per_token_head(
+            c8[0].dtype, HEAD_DIM)
+        rows.append(row("kv write kv8", f"{name} T={tokens}", ms, base_ms, gbs=nbytes / ms / 1e6,
+                        peaks=peaks, kv_cache_dtype=name))
     return rows
 
 
@@ -267,6 +332,8 @@ def main(argv=None) -> int:
                         help="dense 16-bit TFLOP/s reachable (H200: ~790; 989 on paper)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     parser.add_argument("--plot", metavar="PATH", help="also save a plot (PNG)")
+    parser.add_argument("--kv-cache-dtypes", default="", help="8-bit KV caches to add, e.g. int8,fp8")
+    parser.add_argument("--kv-only", action="store_true", help="only the 8-bit KV-cache rows")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/bench_kernels.py needs a CUDA GPU (none found); nothing measured.")
@@ -274,7 +341,11 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     peaks = dict(gbs=args.peak_gbs, tflops=args.peak_tflops, name=torch.cuda.get_device_name())
-    rows = attention_rows(dtype, args.quick, peaks) + elementwise_rows(dtype, args.quick, peaks)
+    kv8 = [n for n in args.kv_cache_dtypes.split(",") if n]
+    rows = [] if args.kv_only else attention_rows(dtype, args.quick, peaks) + elementwise_rows(dtype, args.quick, peaks)
+    if kv8:
+        rows += kv8_rows(dtype, args.quick, peaks, kv8)
+        print(f"kv8 rows: CUDA-graph replay; 'torch ms' there is the same Triton kernel on the {args.dtype} cache")
     print_table(rows, peaks)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(dict(peaks=peaks, dtype=args.dtype, rows=rows), indent=1))

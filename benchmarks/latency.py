@@ -53,6 +53,15 @@ def ms(values: list[float], q: float) -> float:
     return pct(values, q) * 1000.0
 
 
+def explicit_env(s) -> dict[str, str]:
+    """INFLIGHT_* of the settings this benchmark sets, nothing else: another version's
+    processes keep their own defaults (e.g. the old INFLIGHT_API_MAX_STREAMS)."""
+    from inflight.cli.commands import settings_env
+
+    return {k: v for k, v in settings_env(s).items()
+            if k[len("INFLIGHT_"):].lower() in s.model_fields_set}
+
+
 # --- the engine alone ------------------------------------------------------------------
 
 def engine_alone(model: str, args) -> dict:
@@ -163,7 +172,6 @@ def path(args) -> dict:
     import httpx
 
     from inflight.api.keys import create_key
-    from inflight.cli.commands import settings_env
     from inflight.cli.topics import create_topics
     from inflight.producers.client import Client
     from inflight.schemas import Settings
@@ -182,17 +190,15 @@ def path(args) -> dict:
                  kafka_session_timeout_ms=6000, kafka_heartbeat_interval_ms=1000,
                  cache_dir=pathlib.Path(args.cache_dir), data_dir=tmp / "data")
     create_topics(s, partitions=4)
-    env = {**os.environ, **settings_env(s), "OMP_NUM_THREADS": str(args.threads)}
+    env = {**os.environ, **explicit_env(s), "OMP_NUM_THREADS": str(args.threads)}
     port = args.port
     log = open(tmp / "procs.log", "wb")
     cmd = [sys.executable, "-m", "inflight"]
-    procs = {
-        "worker": subprocess.Popen(cmd + ["worker"], env=env, stdout=log, stderr=subprocess.STDOUT),
-        "recorder": subprocess.Popen(cmd + ["recorder"], env=env, stdout=log,
-                                     stderr=subprocess.STDOUT),
-        "api": subprocess.Popen(cmd + ["api", "--port", str(port)], env=env, stdout=log,
-                                stderr=subprocess.STDOUT),
-    }
+    # NOTE: cwd outside any checkout: `python -m inflight` would import ./inflight first
+    run = {"env": env, "stdout": log, "stderr": subprocess.STDOUT, "cwd": tmp}
+    procs = {"worker": subprocess.Popen(cmd + ["worker"], **run),
+             "recorder": subprocess.Popen(cmd + ["recorder"], **run),
+             "api": subprocess.Popen(cmd + ["api", "--port", str(port)], **run)}
     store = Store(db)
     key = create_key(store, "latency")
     client = Client(s, store=store)
@@ -242,7 +248,7 @@ def run_path(python: str, args, bootstrap: str) -> dict:
            "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
            "--idle-s", str(args.idle_s), "--port", str(free_port()),
            "--cache-dir", args.cache_dir, "--json", out]
-    subprocess.run(cmd, check=True, cwd=str(ROOT))
+    subprocess.run(cmd, check=True, cwd=tempfile.gettempdir())
     return json.loads(pathlib.Path(out).read_text())
 
 

@@ -24,6 +24,12 @@ For each variant:
 - CPU decode tok/s at batch 1 and at batch --prompts (the same greedy run): decode steps
   only, after every request has its first token; CPU seconds beside wall seconds.
 
+KV-cache dtypes (`--kv-cache-dtypes auto,int8,fp8`, on the source weights in each of
+`--kv-model-dtypes float32,bfloat16`; `--kv-only` runs this part alone): perplexity beside
+the model dtype's cache (`auto`), KV blocks that the same --kv-cache-mib budget holds, and
+greedy agreement with `auto` (same prompts and tokens as above), and that run's decode
+tok/s (wall and per CPU second).
+
 `--crossover` adds the table behind the CPU dispatch in kernels/quant_cpu.py: one layer's
 four matmuls (SmolLM2-135M shapes) by rows, dense vs torch's packed int kernels vs
 dequantize-on-the-fly.
@@ -188,6 +194,58 @@ def run_variant(name, folder, dtype, args, sets, prompts) -> dict:
     return row
 
 
+def kv_cache_report(src: pathlib.Path, args, windows, prompts) -> list[dict]:
+    """8-bit KV caches (kernels/kv_quant.py) against the model dtype's, per model dtype."""
+    from inflight.engine import Engine, EngineConfig, SamplingParams
+
+    kv_names = [n for n in args.kv_cache_dtypes.split(",") if n]
+    if not kv_names:
+        return []
+    if "auto" not in kv_names:
+        kv_names.insert(0, "auto")  # the reference of every column
+    results = []
+    for dtype in [d for d in args.kv_model_dtypes.split(",") if d]:
+        by: dict[str, dict] = {}
+        for kv in kv_names:
+            eng = Engine(EngineConfig(model=src, dtype=dtype, kv_cache_dtype=kv,
+                                      max_num_seqs=max(64, args.prompts),
+                                      max_num_batched_tokens=max(4096, args.prompts * args.prompt_len,
+                                                                 args.ppl_len * 4),
+                                      kv_cache_bytes=args.kv_cache_mib << 20, seed=args.seed))
+            eng.generate([prompts[0][:16]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+            row = {"model_dtype": dtype, "kv_cache_dtype": kv, "num_kv_blocks": eng.num_kv_blocks,
+                   "kv_bytes_per_token": eng.model.kv_bytes_per_block(eng.block_size) // eng.block_size}
+            row["ppl"], row["ppl_wall_s"], row["ppl_cpu_s"] = perplexity(eng, windows)
+            run = decode_run(eng, prompts, args.tokens)
+            row.update(tokens=run["tokens"], tok_s=run["decode_tok_s"], tok_cpu=run["decode_tok_per_cpu_s"])
+            eng.close()
+            by[kv] = row
+            print(f"{dtype} kv {kv}: {row['num_kv_blocks']} blocks, ppl {row['ppl']:.4f} "
+                  f"({row['ppl_wall_s']:.0f}s)", flush=True)
+        ref = dict(by["auto"])
+        for row in by.values():
+            row["blocks_vs_auto"] = row["num_kv_blocks"] / ref["num_kv_blocks"]
+            row["ppl_vs_auto"] = row["ppl"] / ref["ppl"] - 1
+            agree = sum(a == b for got, want in zip(row["tokens"], ref["tokens"]) for a, b in zip(got, want))
+            row["greedy_agreement"] = agree / sum(len(t) for t in ref["tokens"])
+            first = sum(got[0] == want[0] for got, want in zip(row["tokens"], ref["tokens"]))
+            row["first_token_agreement"] = first / len(ref["tokens"])
+            del row["tokens"]
+            results.append(row)
+    print_table(f"{src.name}: KV-cache dtypes on the source weights; {args.kv_cache_mib} MiB of KV; "
+                f"{len(windows)} x {args.ppl_len} held-out tokens; greedy agreement with auto over "
+                f"{args.prompts} prompts x {args.tokens} tokens",
+                [(r["model_dtype"], r["kv_cache_dtype"], r["kv_bytes_per_token"], r["num_kv_blocks"],
+                  f"{r['blocks_vs_auto']:.2f}x", f"{r['ppl']:.4f}", f"{100 * r['ppl_vs_auto']:+.2f}%",
+                  f"{100 * r['greedy_agreement']:.1f}%", f"{100 * r['first_token_agreement']:.1f}%",
+                  r["tok_s"], r["tok_cpu"])
+                 for r in results],
+                ("model dtype", "KV cache", "bytes/token", "KV blocks", "vs auto", "ppl", "vs auto",
+                 "greedy = auto", "first token = auto", f"tok/s b{args.prompts}",
+                 f"tok/CPU s b{args.prompts}"))
+    return results
+
+
 def crossover(threads: int) -> list[tuple]:
     """Per rows M: one SmolLM2-135M layer's four matmuls (q|k|v, o, gate|up, down), ms."""
     import torch
@@ -245,6 +303,10 @@ def main() -> None:
     p.add_argument("--quality-only", action="store_true",
                    help="perplexities and sizes only: no greedy agreement, no decode speed")
     p.add_argument("--crossover", action="store_true", help="also time the CPU matmul paths by rows")
+    p.add_argument("--kv-cache-dtypes", default="auto,int8,fp8",
+                   help="KV-cache dtypes compared on the source weights ('' = none)")
+    p.add_argument("--kv-model-dtypes", default="float32,bfloat16", help="model dtypes of that comparison")
+    p.add_argument("--kv-only", action="store_true", help="only the KV-cache comparison")
     args = p.parse_args()
     setup_torch(args.threads, args.seed)
     from inflight.engine.tokenizer import Tokenizer
@@ -259,6 +321,11 @@ def main() -> None:
     folders = {n: src if VARIANTS[n] is None else quantized_folder(src, n) for n in names}
     sets, prompts, text_info = eval_tokens(Tokenizer(src), args.ppl_windows, args.ppl_len,
                                               args.prompts, args.prompt_len)
+    if args.kv_only:
+        kv = kv_cache_report(src, args, windows, prompts)
+        print(f"\n{machine_note()}; eval text {text_info}")
+        write_json(args.json, {"kv_cache": kv, "text": text_info, "args": vars(args)})
+        return
     results = []
     for n in names:
         dtype = n if VARIANTS[n] is None else args.quant_dtype
@@ -317,11 +384,12 @@ def main() -> None:
         print_table("CPU matmuls of one SmolLM2-135M layer (4 projections), ms, bf16 activations unless fp32",
                     cross, ("rows", "dense fp32", "dense bf16", "int8 packed", "w8 dequant+dense",
                             "int4 packed g128", "w4 dequant+dense"))
+    kv = kv_cache_report(src, args, windows, prompts)
     print(f"\n{machine_note()}; eval text {text_info}")
     for r in results:
         r.pop("tokens", None)
     write_json(args.json, {"results": results, "gptq_gap": gaps, "crossover": cross, "text": text_info,
-                           "args": vars(args)})
+                           "kv_cache": kv, "args": vars(args)})
     if args.plot:
         plot(results, args.plot)
 

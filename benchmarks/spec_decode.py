@@ -4,14 +4,18 @@
         [--batches 1,8,32] [--methods ngram,suffix,draft,self] [--k 4] [--json out.json]
 
 Workloads (chat-templated, greedy, EOS ends a request, `--max-tokens` caps it):
-  grounded  copy / correct / extract / quote from a given passage (4 tasks x 4 passages)
-  chat      open questions, nothing to copy from
-  similar   64 similar requests (a record turned into JSON): the suffix cache's case
-Methods: ngram (prompt lookup, k = --k, 2..4-grams), suffix (own context + the outputs of
+  grounded    copy / correct / extract / quote from a given passage (4 tasks x 4 passages)
+  chat        open questions, nothing to copy from
+  similar     64 similar requests (a record turned into JSON): the suffix cache's case
+  repetitive  a phrase repeated (the GPU check, on random weights)
+Methods: ngram (prompt lookup, k = --k, --prompt-lookup-min..4-grams), suffix (own context + the outputs of
 earlier requests), draft (a draft model: the target's first --draft-layers layers, same
 tokenizer), self (the target as its own draft: acceptance 1.0, the cost of verification).
 Batch B: max_num_seqs = B, all requests submitted at once (B = 1: one at a time); each
-(workload, batch) takes the first max(B, --min-requests) requests of the workload. The
+(workload, batch) takes the first max(B, --min-requests) requests of the workload. At
+B = 1 "decoding CPU" / "decoding wall" leave the prefill out: tokens after each request's
+first over the CPU / wall time of the steps after its first token (the rate speculation
+changes; prefill costs both sides the same). The
 plain engine runs first and last (against load drift; the faster run counts), each method
 in between; speedup = plain CPU time / speculative CPU time (one torch thread: CPU time is
 the steadier measure on a shared machine; wall figures are printed too). Speculation uses
@@ -26,6 +30,7 @@ import pathlib
 import random
 import shutil
 import tempfile
+import time
 
 from common import Timer, base_parser, machine_note, model_path, print_table, setup_torch, write_json
 
@@ -83,7 +88,20 @@ def similar_tasks(n: int = 64) -> list[str]:
             for _ in range(n)]
 
 
-WORKLOADS = {"grounded": grounded_tasks, "chat": lambda: QUESTIONS, "similar": similar_tasks}
+def repetitive_tasks(n: int = 32) -> list[str]:
+    """A phrase said over and over (random weights continue a loop often enough for n-gram
+    drafts to be accepted: the GPU check's case)."""
+    rng = random.Random(1)
+    words = PASSAGES[0].split()
+    out = []
+    for _ in range(n):
+        start = rng.randrange(len(words) - 8)
+        out.append("Say this again and again: " + " ".join(words[start:start + 8] * 6))
+    return out
+
+
+WORKLOADS = {"grounded": grounded_tasks, "chat": lambda: QUESTIONS, "similar": similar_tasks,
+             "repetitive": repetitive_tasks}
 
 
 def truncated_draft(target: pathlib.Path, layers: int, out: pathlib.Path) -> pathlib.Path:
@@ -114,12 +132,32 @@ def spec_config(method: str, args, path: pathlib.Path, draft: pathlib.Path | Non
     if method == "plain":
         return None
     if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 2,
+        return {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.prompt_lookup_min,
                 "prompt_lookup_max": 4, **extra}
     if method == "suffix":
         return {"method": "suffix", "num_speculative_tokens": max(args.k, 8), **extra}
     model = draft if method == "draft" else path
     return {"method": "draft_model", "model": str(model), "num_speculative_tokens": args.k, **extra}
+
+
+def steps(eng, ids, params) -> tuple[list, float, float]:
+    """Run the requests to the end, step by step: (final outputs, CPU s, wall s of the
+    decoding steps). A decoding step emits tokens, all of requests that had emitted before:
+    the steps that prefill (and emit a request's first token) are left out, which at batch 1
+    (one request at a time) leaves exactly the decoding."""
+    for i, p in enumerate(ids):
+        eng.add_request(f"r{i}", prompt_token_ids=p, params=params)
+    finals, seen, cpu, wall = {}, set(), 0.0, 0.0
+    while eng.has_unfinished():
+        c0, w0 = time.process_time(), time.perf_counter()
+        outs = eng.step()
+        c1, w1 = time.process_time(), time.perf_counter()
+        emitted = {o.request_id for o in outs if o.new_token_ids}
+        if emitted and emitted <= seen:
+            cpu, wall = cpu + c1 - c0, wall + w1 - w0
+        seen |= emitted
+        finals.update((o.request_id, o) for o in outs if o.finished)
+    return [finals[f"r{i}"] for i in range(len(ids))], cpu, wall
 
 
 def run(path, method, prompts, batch, args, draft) -> dict:
@@ -135,7 +173,7 @@ def run(path, method, prompts, batch, args, draft) -> dict:
     eng.generate([ids[0][:16]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
     base = eng.stats()
     with Timer() as t:
-        outs = eng.generate(ids, params)
+        outs, decode_cpu, decode_wall = steps(eng, ids, params)
     s = eng.stats()
     n_out = sum(len(o.token_ids) for o in outs)
     d = lambda key: s.get(key, 0) - base.get(key, 0)  # noqa: E731
@@ -143,6 +181,8 @@ def run(path, method, prompts, batch, args, draft) -> dict:
         d("spec_decode_num_accepted_tokens")
     return {"method": method, "batch": batch, "requests": len(ids), "output_tokens": n_out,
             "wall_s": t.elapsed, "cpu_s": t.cpu, "tok_s": n_out / t.elapsed, "tok_per_cpu_s": n_out / t.cpu,
+            "decode_tok_per_cpu_s": (n_out - len(outs)) / decode_cpu if decode_cpu > 0 else float("nan"),
+            "decode_tok_s": (n_out - len(outs)) / decode_wall if decode_wall > 0 else float("nan"),
             "steps": d("steps"), "acceptance": accepted / draft_tokens if draft_tokens else float("nan"),
             "mean_accepted_len": 1 + accepted / drafts if drafts else float("nan"),
             "verifications": drafts, "token_ids": [o.token_ids for o in outs]}
@@ -154,6 +194,7 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--methods", default="ngram,suffix,draft,self")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens (suffix: at least 8)")
+    p.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: shortest suffix matched")
     p.add_argument("--threshold", type=int, default=None,
                    help="disable_by_batch_size (default: the config's; 0 = never disabled)")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -184,14 +225,19 @@ def main() -> None:
             for r in [plain] + runs[1:-1]:
                 same = sum(a == b for a, b in zip(r["token_ids"], plain["token_ids"]))
                 r.update(workload=workload, identical=same, speedup_cpu=plain["cpu_s"] / r["cpu_s"],
-                         speedup_wall=plain["wall_s"] / r["wall_s"])
+                         speedup_wall=plain["wall_s"] / r["wall_s"],
+                         speedup_decode_cpu=r["decode_tok_per_cpu_s"] / plain["decode_tok_per_cpu_s"],
+                         speedup_decode_wall=r["decode_tok_s"] / plain["decode_tok_s"])
                 rows.append((r["method"], r["requests"], r["output_tokens"], r["tok_per_cpu_s"], r["tok_s"],
-                             f"{r['speedup_cpu']:.2f}x", f"{r['speedup_wall']:.2f}x", r["acceptance"],
+                             f"{r['speedup_cpu']:.2f}x", f"{r['speedup_wall']:.2f}x",
+                             *((f"{r['speedup_decode_cpu']:.2f}x", f"{r['speedup_decode_wall']:.2f}x")
+                               if batch == 1 else ("-", "-")), r["acceptance"],
                              r["mean_accepted_len"], f"{same}/{r['requests']}"))
                 results.append({k: v for k, v in r.items() if k != "token_ids"})
             print_table(f"{workload}, batch {batch}", rows,
                         ("method", "requests", "out tokens", "tok/CPU s", "tok/s wall", "speedup CPU",
-                         "speedup wall", "acceptance", "mean acc len", "identical"))
+                         "speedup wall", "decoding CPU", "decoding wall", "acceptance", "mean acc len",
+                         "identical"))
     shutil.rmtree(tmp, ignore_errors=True)
     print(machine_note())
     write_json(args.json, {"results": results, "machine": machine_note(), "args": vars(args)})

@@ -19,11 +19,15 @@ e.g. a worktree of main before the change with its own editable install) and per
   64-stream cap); cut: the stream ended or broke before its finish chunk;
 - first token: request sent -> first content chunk, p50/p99; "in the worker" is the same
   request's submit -> first token at the worker's engine (the store's timings): queueing
-  in the worker, not the API's;
+  in the worker, not the API's; and the rest of it: "into the API" (sent -> the request
+  filed by the API) and "out" (the worker's first token -> this process has it);
 - API CPU per streamed token: user+system seconds of the API process from the first
   request to the last stream's end, over the completion tokens delivered (usage);
-- API RSS: before the streams and at its peak; per open stream = (peak - before) / the
-  most streams open at once (the API's /metrics gauge, sampled);
+- API RSS: before the streams and at its peak; per open stream = (RSS - before) / streams
+  open, at the sample with the most streams open (streams this process has answered and
+  not ended; the API's own /metrics gauge of its follows is shown too, but under load its
+  answers come late and miss the peak). Streams are open at once only if they outlast
+  the ramp (C / what the API accepts a second): `--step-ms 1000` keeps them open;
 - broker connections: the API process's TCP connections to the broker at the peak (a
   Kafka consumer holds at least one; before: one consumer per open stream).
 """
@@ -54,7 +58,20 @@ import orjson  # noqa: E402
 import psutil  # noqa: E402
 
 
+def explicit_env(s) -> dict[str, str]:
+    """INFLIGHT_* of the settings this benchmark sets, nothing else: another version's
+    processes keep their own defaults (e.g. the old INFLIGHT_API_MAX_STREAMS)."""
+    from inflight.cli.commands import settings_env
+
+    return {k: v for k, v in settings_env(s).items()
+            if k[len("INFLIGHT_"):].lower() in s.model_fields_set}
+
+
 # --- the load generator ------------------------------------------------------------------
+
+RECORDER_WAIT_S = 20.0
+OPEN = [0]   # streams of this process answered 200 and not ended yet (the Sampler reads it)
+
 
 async def one_stream(port: int, token: str, max_tokens: int, out: dict) -> None:
     body = orjson.dumps({"model": "default", "max_tokens": max_tokens, "stream": True,
@@ -65,6 +82,7 @@ async def one_stream(port: int, token: str, max_tokens: int, out: dict) -> None:
             "Connection: close\r\n\r\n").encode()
     t0 = time.time()
     out.update(sent=t0, status=None, first=None, finished=False, done=False, tokens=0)
+    counted = False
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
     except OSError as exc:
@@ -77,6 +95,8 @@ async def one_stream(port: int, token: str, max_tokens: int, out: dict) -> None:
         headers = (await reader.readuntil(b"\r\n\r\n")).lower()
         if out["status"] != 200:
             return
+        OPEN[0] += 1
+        counted = True
         if b"transfer-encoding: chunked" not in headers:
             out["error"] = "not chunked"
             return
@@ -94,6 +114,7 @@ async def one_stream(port: int, token: str, max_tokens: int, out: dict) -> None:
                 if out["first"] is None and b'"content":"' in frame and \
                         b'"content":""' not in frame:
                     out["first"] = time.time()
+                    out["id"] = orjson.loads(frame[6:])["id"].removeprefix("chatcmpl-")
                 if b'"finish_reason":"' in frame:
                     out["finished"] = True
                 if b'"usage":{' in frame and b'"choices":[]' in frame:
@@ -102,6 +123,8 @@ async def one_stream(port: int, token: str, max_tokens: int, out: dict) -> None:
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         out["ended"] = time.time()
+        if counted:
+            OPEN[0] -= 1
         writer.close()
 
 
@@ -120,7 +143,10 @@ async def many_streams(port: int, token: str, n: int, max_tokens: int,
 # --- sampling the API process ---------------------------------------------------------------
 
 class Sampler:
-    """The API process's RSS, open streams (/metrics) and broker connections, sampled."""
+    """The API process's RSS, open streams and broker connections, sampled. Open streams
+    twice: the API's /metrics gauge (its follows; under load its answer comes late, so
+    peaks are missed) and this process's streams answered and not ended (OPEN), read with
+    the RSS in the same sample: memory per open stream comes from that pair."""
 
     def __init__(self, pid: int, port: int, broker_port: int, token: str):
         self.proc = psutil.Process(pid)
@@ -128,6 +154,8 @@ class Sampler:
         self.rss_peak = 0
         self.streams_peak = 0
         self.conns_peak = 0
+        self.client_open_peak = 0
+        self.rss_at_client_peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -150,7 +178,10 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.wait(0.25):
             with contextlib.suppress(psutil.Error):
-                self.rss_peak = max(self.rss_peak, self.proc.memory_info().rss)
+                rss, n = self.proc.memory_info().rss, OPEN[0]
+                self.rss_peak = max(self.rss_peak, rss)
+                if n > self.client_open_peak:
+                    self.client_open_peak, self.rss_at_client_peak = n, rss
             self.streams_peak = max(self.streams_peak, self.metrics_open_streams())
             self.conns_peak = max(self.conns_peak, self.broker_connections())
 
@@ -187,7 +218,6 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> No
 def run_version(name: str, python: str, args, broker) -> list[dict]:
     from inflight.api.keys import create_key
     from inflight.cli.broker import free_port
-    from inflight.cli.commands import settings_env
     from inflight.cli.topics import create_topics
     from inflight.schemas import Settings
     from inflight.store import Store, upgrade
@@ -206,15 +236,16 @@ def run_version(name: str, python: str, args, broker) -> list[dict]:
                  kafka_heartbeat_interval_ms=1000, api_wait_timeout_s=args.timeout,
                  served_model_name="default", data_dir=tmp / "data")
     create_topics(s, partitions=args.partitions)
-    env = {**os.environ, **settings_env(s), "OMP_NUM_THREADS": "1",
+    env = {**os.environ, **explicit_env(s), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT / "benchmarks")}
     log = open(tmp / "procs.log", "wb")
     worker = subprocess.Popen(
         [python, str(ROOT / "benchmarks" / "synthetic_worker.py"), "--report",
          str(tmp / "worker.json"), "--max-num-seqs", str(top), "--step-ms", str(args.step_ms)],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+    # NOTE: cwd outside any checkout: `python -m inflight` would import ./inflight first
     recorder = subprocess.Popen([python, "-m", "inflight", "recorder"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, cwd=tmp)
     store = Store(db)
     token = create_key(store, "streams").token
     broker_port = int(broker.bootstrap.rsplit(":", 1)[1])
@@ -223,7 +254,7 @@ def run_version(name: str, python: str, args, broker) -> list[dict]:
         for c in args.streams:
             port = free_port()
             api = subprocess.Popen([python, "-m", "inflight", "api", "--port", str(port)],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+                                   env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
             try:
                 url = f"http://127.0.0.1:{port}"
                 wait_healthy(url, api)
@@ -266,27 +297,49 @@ def summarize(name: str, c: int, outs: list[dict], cpu: float, wall: float, rss0
     cut = len(outs) - len(completed) - len(refused)
     first = [o["first"] - o["sent"] for o in completed if o.get("first")]
     tokens = sum(o.get("tokens", 0) for o in outs)
-    worker_first = []
-    with store.session() as s:
-        from sqlalchemy import select
+    from sqlalchemy import select
 
-        from inflight.store.models import RequestRow
+    from inflight.store.models import RequestRow
 
-        for timings in s.scalars(select(RequestRow.timings).where(
-                RequestRow.status == "completed")).all():
-            t = timings or {}
-            if t.get("submitted_at") and t.get("first_token_at") and t["submitted_at"] >= since:
-                worker_first.append(t["first_token_at"] - t["submitted_at"])
-    peak_streams = max(sampler.streams_peak, 1)
+    want = {o["id"] for o in completed if o.get("id")}
+    deadline = time.monotonic() + RECORDER_WAIT_S
+    while True:   # the recorder writes the last rows a moment after the streams end
+        worker_first = []
+        stamps: dict[str, dict] = {}
+        with store.session() as s:
+            for rid, timings in s.execute(select(RequestRow.id, RequestRow.timings).where(
+                    RequestRow.status == "completed")).all():
+                t = timings or {}
+                if t.get("submitted_at") and t.get("first_token_at") and \
+                        t["submitted_at"] >= since:
+                    worker_first.append(t["first_token_at"] - t["submitted_at"])
+                    stamps[rid] = t
+        if want <= stamps.keys() or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    # a stream's first token, split by the store's stamps (one host, one clock): sent ->
+    # filed by the API (HTTP, auth, validation, the claim, the publish) -> first token in
+    # the worker -> the client has it (the results reader, the SSE write, this process)
+    api_in, out_path = [], []
+    for o in completed:
+        t = stamps.get(o.get("id", ""))
+        if t is not None and o.get("first"):
+            api_in.append(t["submitted_at"] - o["sent"])
+            out_path.append(o["first"] - t["first_token_at"])
+    peak_streams = max(sampler.client_open_peak, 1)
     return {"version": name, "streams": c, "completed": len(completed), "refused": len(refused),
             "cut": cut, "first_p50_s": pct(first, 50), "first_p99_s": pct(first, 99),
             "worker_first_p50_s": pct(worker_first, 50),
             "worker_first_p99_s": pct(worker_first, 99), "tokens": tokens,
+            "api_in_p50_s": pct(api_in, 50), "api_in_p99_s": pct(api_in, 99),
+            "out_path_p50_s": pct(out_path, 50), "out_path_p99_s": pct(out_path, 99),
             "api_cpu_s": cpu, "wall_s": wall,
             "api_cpu_us_per_token": cpu / tokens * 1e6 if tokens else float("nan"),
             "rss_before_mb": rss0 / 2**20, "rss_peak_mb": sampler.rss_peak / 2**20,
             "open_streams_peak": sampler.streams_peak,
-            "kb_per_open_stream": max(sampler.rss_peak - rss0, 0) / peak_streams / 1024,
+            "client_open_peak": sampler.client_open_peak,
+            "rss_at_client_peak_mb": sampler.rss_at_client_peak / 2**20,
+            "kb_per_open_stream": max(sampler.rss_at_client_peak - rss0, 0) / peak_streams / 1024,
             "broker_connections_peak": sampler.conns_peak,
             "errors": sorted({o["error"][:80] for o in outs if o.get("error")})[:5]}
 
@@ -297,15 +350,20 @@ def report(rows: list[dict], args) -> None:
           f"{args.partitions} partitions, SQLite; load average {os.getloadavg()[0]:.1f} at "
           "the end\n")
     print("| version | streams | completed | refused | cut | first token p50 / p99 s | "
-          "in the worker p50 / p99 s | API CPU µs per token | API RSS before / peak MB | "
-          "KB per open stream | broker connections | wall s |")
-    print("| --- " * 12 + "|")
+          "in the worker p50 / p99 s | into the API p50 / p99 s | out p50 / p99 s | "
+          "API CPU µs per token | API RSS before / peak MB | "
+          "open streams peak API / client | KB per open stream | broker connections | "
+          "wall s |")
+    print("| --- " * 15 + "|")
     for r in rows:
         print(f"| {r['version']} | {r['streams']:,} | {r['completed']:,} | {r['refused']:,} | "
               f"{r['cut']:,} | {r['first_p50_s']:.2f} / {r['first_p99_s']:.2f} | "
               f"{r['worker_first_p50_s']:.2f} / {r['worker_first_p99_s']:.2f} | "
+              f"{r['api_in_p50_s']:.2f} / {r['api_in_p99_s']:.2f} | "
+              f"{r['out_path_p50_s']:.2f} / {r['out_path_p99_s']:.2f} | "
               f"{r['api_cpu_us_per_token']:.0f} | {r['rss_before_mb']:.0f} / "
-              f"{r['rss_peak_mb']:.0f} | {r['kb_per_open_stream']:.1f} | "
+              f"{r['rss_peak_mb']:.0f} | {r['open_streams_peak']:,} / "
+              f"{r['client_open_peak']:,} | {r['kb_per_open_stream']:.1f} | "
               f"{r['broker_connections_peak']} | {r['wall_s']:.1f} |")
 
 

@@ -67,7 +67,7 @@ class CancelListener:
     CATCH_UP_S = 5.0         # at most this long reading the window's backlog at start
     CATCH_UP_POLL_MS = 300   # a poll this long that returns nothing = caught up
     # NOTE: how long the broker may hold a fetch that finds nothing (at most
-    # INFLIGHT_KAFKA_FETCH_MAX_WAIT_MS). poll() never waits, so a cancel that lands while a
+    # INFLIGHT_KAFKA_PYTHON_FETCH_MAX_WAIT_MS). poll() never waits, so a cancel that lands while a
     # fetch is held is read only when that fetch returns: at kafka-python's default (500)
     # a cancel reached the worker too late to stop a tiny model before it finished
     # (docs/benchmarks.md, delivery path).
@@ -83,7 +83,7 @@ class CancelListener:
             since = time.time() - settings.cancel_lookback_s
         self.since_ms = int(since * 1000)
         self.consumer = plain_consumer(settings, fetch_max_wait_ms=min(
-            self.FETCH_MAX_WAIT_MS, settings.kafka_fetch_max_wait_ms))
+            self.FETCH_MAX_WAIT_MS, settings.kafka_python_fetch_max_wait_ms))
         parts = partitions_of(self.consumer, settings.topic_cancel)
         self.tps = [TopicPartition(settings.topic_cancel, p) for p in parts]
         self.consumer.assign(self.tps)

@@ -76,13 +76,13 @@ class LogprobShaper:
 ENGINE_SETTINGS = ("device", "dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                    "kv_cache_bytes", "block_size", "enable_prefix_caching", "kernels",
                    "cuda_graphs", "kv_cache_memory_fraction", "tensor_parallel_size",
-                   "speculative_config")
+                   "speculative_config", "kv_cache_dtype")
 
 
 def engine_overrides(settings: Settings, *, max_num_seqs: int | None = None,
                      kv_cache_mb: int | None = None, device: str | None = None,
-                     dtype: str | None = None,
-                     tensor_parallel_size: int | None = None) -> dict[str, Any]:
+                     dtype: str | None = None, tensor_parallel_size: int | None = None,
+                     kv_cache_dtype: str | None = None) -> dict[str, Any]:
     """EngineConfig keyword arguments from the settings; explicit arguments (the worker's
     command-line flags) win. `max_num_seqs` falls back to the worker's in-flight limit."""
     kw: dict[str, Any] = {name: getattr(settings, name) for name in ENGINE_SETTINGS
@@ -96,18 +96,22 @@ def engine_overrides(settings: Settings, *, max_num_seqs: int | None = None,
         kw["dtype"] = dtype
     if tensor_parallel_size:
         kw["tensor_parallel_size"] = tensor_parallel_size
+    if kv_cache_dtype:
+        kw["kv_cache_dtype"] = kv_cache_dtype
     return kw
 
 
 def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: int | None = None,
                  kv_cache_mb: int | None = None, device: str | None = None,
-                 dtype: str | None = None, tensor_parallel_size: int | None = None) -> Any:
+                 dtype: str | None = None, tensor_parallel_size: int | None = None,
+                 kv_cache_dtype: str | None = None) -> Any:
     from inflight.engine import Engine, EngineConfig
     from inflight.engine.model_folder import resolve_model
 
     path = resolve_model(model or settings.model_path, settings.cache_dir)
     kw = engine_overrides(settings, max_num_seqs=max_num_seqs, kv_cache_mb=kv_cache_mb,
-                          device=device, dtype=dtype, tensor_parallel_size=tensor_parallel_size)
+                          device=device, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+                          kv_cache_dtype=kv_cache_dtype)
     claim = None
     if kw.get("device") == AUTO:
         import torch

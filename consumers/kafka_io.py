@@ -15,8 +15,10 @@ from inflight.schemas.settings import Settings
 
 def group_consumer(settings: Settings, group: str, **overrides: Any) -> KafkaConsumer:
     """A kafka-python consumer in `group` with schemas.kafka_clients.group_config (manual
-    commits, earliest offset for a new group); `overrides` in kafka-python's names."""
+    commits, earliest offset for a new group) and INFLIGHT_KAFKA_PYTHON_FETCH_MAX_WAIT_MS;
+    `overrides` in kafka-python's names."""
     opts = kafka_python_names(group_config(settings, group))
+    opts["fetch_max_wait_ms"] = settings.kafka_python_fetch_max_wait_ms
     opts.update(overrides)
     return connect(KafkaConsumer, settings, **opts)
 

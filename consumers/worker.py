@@ -197,12 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-mb", type=int, default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--tensor-parallel-size", type=int, default=None)
+    p.add_argument("--kv-cache-dtype", default=None, help="auto | int8 | fp8 (INFLIGHT_KV_CACHE_DTYPE)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
     settings = Settings()
     engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
-                          tensor_parallel_size=args.tensor_parallel_size)
+                          tensor_parallel_size=args.tensor_parallel_size,
+                          kv_cache_dtype=args.kv_cache_dtype)
     return run_worker(settings, engine)
 
 

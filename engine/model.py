@@ -26,8 +26,10 @@ import torch.nn.functional as F
 
 from inflight.engine.model_config import SUPPORTED_ARCHS, ModelConfig  # noqa: F401 (re-exported)
 from inflight.engine.model_weights import FusedLayerWeights, load_tensors, load_weights  # noqa: F401
+from inflight.engine.quant.linear import dense_linear
 from inflight.engine.rope import rope_cos_sin_table
 from inflight.kernels.activation import gelu_tanh_and_mul_ref
+from inflight.kernels.kv_quant import SCALE_DTYPE, cache_bytes_per_token_head, is_quantized
 from inflight.kernels.ops import KernelOps
 
 
@@ -45,12 +47,15 @@ class LlamaModel:
     """The model of any supported family (the name is the first family's)."""
 
     def __init__(self, folder: str | pathlib.Path, ops: KernelOps, dtype: torch.dtype,
-                 device: str | torch.device = "cpu", max_model_len: int | None = None):
+                 device: str | torch.device = "cpu", max_model_len: int | None = None,
+                 kv_dtype: torch.dtype | None = None):
         folder = pathlib.Path(folder)
         cfg, tensors = self.read_checkpoint(folder)
         self.config = cfg
         self.ops = ops
         self.dtype = dtype
+        # what the KV cache stores: the model dtype, or int8 / fp8 with scales (kernels/kv_quant.py)
+        self.kv_dtype = kv_dtype or dtype
         self.device = torch.device(device)
         self.max_model_len = min(max_model_len or cfg.max_context, cfg.max_context)
         self.scale = cfg.scale
@@ -78,23 +83,31 @@ class LlamaModel:
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         c = self.config
-        return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+        return 2 * c.num_layers * block_size * c.num_kv_heads * cache_bytes_per_token_head(self.kv_dtype, c.head_dim)
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, ...]]:
+        """Per layer (k_cache, v_cache), or (k_cache, v_cache, k_scale, v_scale) for an
+        8-bit cache (layouts in kernels/attention.py and kernels/kv_quant.py)."""
         c = self.config
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_layers)]
+
+        def layer() -> tuple[torch.Tensor, ...]:
+            kv = tuple(torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(2))
+            if not is_quantized(self.kv_dtype):
+                return kv
+            return kv + tuple(torch.ones(shape[:3], dtype=SCALE_DTYPE, device=self.device) for _ in range(2))
+
+        return [layer() for _ in range(c.num_layers)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                kv_caches: list[tuple[torch.Tensor, ...]],
                 logits_indices: torch.Tensor) -> torch.Tensor:
         """input_ids/positions [T] -> fp32 logits [len(logits_indices), vocab]."""
         return self.compute_logits(self.forward_hidden(input_ids, positions, meta, kv_caches, logits_indices))
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final hidden states [R, hidden] -> fp32 logits [R, vocab]."""
-        logits = F.linear(h, self.lm_head)
+        logits = dense_linear(h, self.lm_head)  # oneDNN for a verification's few rows on CPU
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -105,7 +118,7 @@ class LlamaModel:
         return h if self.embed_scale is None else h * self.embed_scale
 
     def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                       kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                       kv_caches: list[tuple[torch.Tensor, ...]],
                        rows: torch.Tensor) -> torch.Tensor:
         """input_ids/positions [T] -> final-normed hidden states of `rows` [len(rows), hidden]
         (the LM head is left to the caller: prompt logprobs take it in pieces)."""
@@ -114,7 +127,7 @@ class LlamaModel:
         T = input_ids.shape[0]
         h = self.embed_tokens(input_ids)
         residual = None
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+        for i, (layer, (k_cache, v_cache, *scales)) in enumerate(zip(self.layers, kv_caches)):
             x, residual = ops.rms_norm(h, layer.input_norm, eps, residual)
             qkv = layer.qkv(x)
             q = qkv[:, :self.q_size].view(T, c.num_heads, c.head_dim)
@@ -124,9 +137,11 @@ class LlamaModel:
                 q, _ = ops.rms_norm(q, layer.q_norm, eps)
                 k, _ = ops.rms_norm(k, layer.k_norm, eps)
             ops.rotary(q, k, positions, self.layer_cos_sin[i])
-            ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, *scales)
             window = self.windows[i]
             extra = {} if window is None else {"sliding_window": window}
+            if scales:
+                extra.update(k_scale=scales[0], v_scale=scales[1])
             o = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.query_start_loc, self.scale, **extra)
             h = layer.o(o.reshape(T, self.q_size))

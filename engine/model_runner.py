@@ -103,9 +103,9 @@ class ModelRunner:
         self.cuda = self.device.type == "cuda"
         self.stream = stream if stream is not None or not self.cuda else \
             torch.cuda.current_stream(self.device)
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.kv_caches: list[tuple[torch.Tensor, ...]] | None = None
         self.draft = draft
-        self.draft_kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.draft_kv_caches: list[tuple[torch.Tensor, ...]] | None = None
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self.vocab_size = model.config.vocab_size

@@ -94,7 +94,13 @@ def load_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], dtype: torch.dtyp
         return w.to(device=device, dtype=dtype).contiguous()
 
     def linear(*names: str) -> Linear:
-        return load_linear(stored, names, cfg.quantization, dtype, device, backend, folder)
+        layer = load_linear(stored, names, cfg.quantization, dtype, device, backend, folder)
+        # drop the checkpoint's tensors once the layer holds what it reads (a converted or
+        # fused copy): loading never holds both for the whole model
+        for n in names:
+            for key in [k for k in t if k.startswith((n + ".", "model." + n + "."))]:
+                del t[key]
+        return layer
 
     layers = []
     for i in range(cfg.num_layers):

@@ -78,7 +78,7 @@ def _after_weights(config: EngineConfig, scope: DeviceScope, probe: MemoryProbe 
     if spec is not None and spec.method == "draft_model":
         draft = load_draft_model(spec, config.model, model,
                                  lambda path: LlamaModel(path, ops, config.torch_dtype, device,
-                                                         model.max_model_len))
+                                                         model.max_model_len, config.kv_torch_dtype))
     after_weights = probe.snapshot() if probe is not None else None
     cuda_graphs = config.resolve_cuda_graphs(ops.name)
     capture = cuda_graphs and device.type == "cuda"
@@ -101,6 +101,9 @@ def _after_weights(config: EngineConfig, scope: DeviceScope, probe: MemoryProbe 
     else:
         num_blocks = given_num_blocks(config, model, draft)
     runner.allocate_kv_cache(num_blocks)
+    log.info("KV cache in %s (kv_cache_dtype=%s): %d blocks of %d tokens, %d bytes per block",
+             str(model.kv_dtype).removeprefix("torch."), config.kv_cache_dtype, num_blocks,
+             config.block_size, kv_bytes_per_block(model, draft, config.block_size))
     if capture:
         before = probe.snapshot() if probe is not None else None
         runner.capture_graphs()

@@ -17,6 +17,10 @@ row p % bs. Grouped-query attention: query head h reads KV head h // (Hq // Hkv)
     context of b:  [ cached ............ | new (q_len) ]
                     0                    ^ seq_len - q_len        ^ seq_len
 
+An 8-bit cache (int8 or fp8, `kv_cache_dtype`) comes with k_scale/v_scale [num_blocks,
+block_size, Hkv] fp16, one scale per token per KV head (kernels/kv_quant.py): every path
+reads key = k_cache[...] * k_scale[...] in fp32.
+
 A sequence with one query and seq_len 0 is padding (CUDA-graph decode steps run padded
 batches): its output is zeros, and it reads no cache.
 
@@ -34,10 +38,17 @@ from __future__ import annotations
 import torch
 
 
+def _read(cache: torch.Tensor, scales: torch.Tensor | None, *index) -> torch.Tensor:
+    """cache[index] in fp32, dequantized when the cache is 8-bit."""
+    x = cache[index].float()
+    return x if scales is None else x * scales[index].float()[..., None]
+
+
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor,
                         query_start_loc: torch.Tensor, scale: float, *,
-                        sliding_window: int | None = None) -> torch.Tensor:
+                        sliding_window: int | None = None, k_scale: torch.Tensor | None = None,
+                        v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Plain-torch reference: one sequence at a time, fp32 math, returns q's dtype."""
     T, Hq, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
@@ -53,8 +64,8 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         lo = 0 if sliding_window is None else max(0, seq_len - q_len - sliding_window + 1)
         positions = torch.arange(lo, seq_len, device=q.device)
         blocks = block_tables[b, positions // bs].long()
-        k = k_cache[blocks, positions % bs].float()  # [L, Hkv, D]: keys lo .. seq_len - 1
-        v = v_cache[blocks, positions % bs].float()
+        k = _read(k_cache, k_scale, blocks, positions % bs)  # [L, Hkv, D]: keys lo .. seq_len - 1
+        v = _read(v_cache, v_scale, blocks, positions % bs)
         k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]
         v = v.repeat_interleave(group, dim=1)
         qb = q[s:e].float()  # [q_len, Hq, D]
@@ -73,7 +84,8 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
                           query_start_loc: torch.Tensor, scale: float, *,
-                          sliding_window: int | None = None) -> torch.Tensor:
+                          sliding_window: int | None = None, k_scale: torch.Tensor | None = None,
+                          v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Faster torch path, equal to `paged_attention_ref` (tested): the single-token (decode)
     sequences go through one batched, padded block gather and one masked
     `scaled_dot_product_attention`; each multi-token (prefill chunk) sequence through its
@@ -89,6 +101,12 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     lens = seq_lens.tolist()
     out = torch.empty_like(q)
     k_flat, v_flat = k_cache.view(nb, bs * Hkv * D), v_cache.view(nb, bs * Hkv * D)
+    ks_flat = None if k_scale is None else k_scale.view(nb, bs * Hkv)
+    vs_flat = None if v_scale is None else v_scale.view(nb, bs * Hkv)
+
+    def blocks(flat, scales, idx):  # whole blocks idx -> fp32 [len(idx) * bs, Hkv, D]
+        x = flat.index_select(0, idx).view(-1, Hkv, D).float()
+        return x if scales is None else x * scales.index_select(0, idx).view(-1, Hkv, 1).float()
     decodes = [b for b in range(len(lens)) if starts[b + 1] - starts[b] == 1]
     if decodes:
         all_decode = len(decodes) == len(lens)  # then rows of q are sequences 0..B-1
@@ -111,8 +129,8 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         L = n_blocks * bs
         # [Bd * n_blocks] whole blocks -> [Bd, L, Hkv, D] -> a [Bd, Hkv, L, D] view
         idx = bt.reshape(-1).long()
-        k = k_flat.index_select(0, idx).view(Bd, L, Hkv, D).transpose(1, 2).float()
-        v = v_flat.index_select(0, idx).view(Bd, L, Hkv, D).transpose(1, 2).float()
+        k = blocks(k_flat, ks_flat, idx).view(Bd, L, Hkv, D).transpose(1, 2)
+        v = blocks(v_flat, vs_flat, idx).view(Bd, L, Hkv, D).transpose(1, 2)
         k_pos = torch.arange(L, device=q.device)[None, :]
         if first is not None:
             k_pos = k_pos + first[:, None] * bs
@@ -137,9 +155,11 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         n_blocks = (seq_len + bs - 1) // bs - first
         idx = block_tables[b, first:first + n_blocks].long()
         span = slice(lo - first * bs, seq_len - first * bs)
-        k = k_flat.index_select(0, idx).view(n_blocks * bs, Hkv, D)[span].transpose(0, 1).float()
-        v = v_flat.index_select(0, idx).view(n_blocks * bs, Hkv, D)[span].transpose(0, 1).float()
-        qb = q[s:e].float().transpose(0, 1)  # [Hq, q_len, D]
+        k = blocks(k_flat, ks_flat, idx)[span].transpose(0, 1)
+        v = blocks(v_flat, vs_flat, idx)[span].transpose(0, 1)
+        # NOTE: 4-D (batch of one): 3-D inputs with a mask take torch's slow "math" path
+        qb = q[s:e].float().transpose(0, 1)[None]  # [1, Hq, q_len, D]
+        k, v = k[None], v[None]
         if q_len == seq_len and (W is None or W >= seq_len):  # plain causal
             o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
@@ -148,6 +168,7 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             mask = k_pos <= q_pos
             if W is not None:
                 mask &= k_pos > q_pos - W
-            o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[s:e] = o.transpose(0, 1).to(q.dtype)
+            o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask[None, None], scale=scale,
+                                               enable_gqa=True)
+        out[s:e] = o[0].transpose(0, 1).to(q.dtype)
     return out

@@ -27,6 +27,12 @@ loads below it, so no key outside every query's window is read (its block may be
     keys:  [ never read ...... | kv_start ...... tiles walked ...... | kv_end ]
                                  = first q_pos - W + 1                 = last q_pos + 1
 
+8-bit cache (QUANT: int8 or fp8 values, one fp16 scale per token and KV head, layout in
+kernels/kv_quant.py): a tile's raw values are cast to the query dtype (exact: int8 and e4m3
+values are representable in fp16, bf16 and fp32), the key scales multiply the tile's scores
+column-wise after the dot (TILE_N multiplies, not D x TILE_N), and V is dequantized as it is
+loaded (its scales weigh rows of V, which p cannot carry without losing fp16 precision).
+
 Split-KV (flash-decoding): with few programs and long contexts the GPU would idle, so the
 wrapper may cut each context into NUM_SPLITS ranges of tiles; each split writes its
 unnormalised accumulator with its running max and sum, and a second kernel merges them.
@@ -38,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inflight.kernels.kv_quant import SCALE_DTYPE, is_quantized
 from inflight.kernels.triton_util import check_device, is_cuda, num_sms
 
 LOG2E = 1.4426950408889634
@@ -64,13 +71,14 @@ def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 def _paged_attention_kernel(
     out_ptr, m_ptr, l_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    k_scale_ptr, v_scale_ptr,             # [num_blocks, block_size, Hkv] fp16 (QUANT only)
     scale_log2, num_seqs, window,
     stride_qt, stride_qh,
     stride_ot, stride_oh, stride_os,      # out: [T, Hq, D], or [T, Hq, S, D] fp32 partials
     stride_mt, stride_mh,                 # m, l: [T, Hq, S] (split path only)
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
-    stride_bt,
+    stride_bt, stride_sb, stride_ss,
     BLOCK_SIZE: tl.constexpr,             # rows per cache block
     GROUP: tl.constexpr,                  # query heads per KV head
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -78,6 +86,7 @@ def _paged_attention_kernel(
     NUM_SPLITS: tl.constexpr,
     SLIDING: tl.constexpr,                # a per-layer window of `window` keys
     DOT_PRECISION: tl.constexpr,
+    QUANT: tl.constexpr,                  # an 8-bit cache with per-token scales
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -137,7 +146,14 @@ def _paged_attention_kernel(
                     + kv_head * stride_vh + d[None, :],
                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)           # [TILE_N, D]
 
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2       # log2 domain
+        if QUANT:
+            s_off = block * stride_sb + offset * stride_ss + kv_head
+            k_scale = tl.load(k_scale_ptr + s_off, mask=k_ok, other=0.0).to(tl.float32)
+            v_scale = tl.load(v_scale_ptr + s_off, mask=k_ok, other=0.0).to(tl.float32)
+            v = (v.to(tl.float32) * v_scale[:, None]).to(q.dtype)
+            s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * (k_scale * scale_log2)[None, :]
+        else:
+            s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2   # log2 domain
         visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
         if SLIDING:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
@@ -242,16 +258,26 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            query_start_loc: torch.Tensor, scale: float,
                            num_splits: int | None = None, *,
-                           sliding_window: int | None = None) -> torch.Tensor:
+                           sliding_window: int | None = None, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `paged_attention_ref`. `num_splits` forces the split-KV path
     (None: chosen from the grid size and block_tables' width, with no host sync).
-    `sliding_window`: each query sees only its last `sliding_window` keys (None: all)."""
+    `sliding_window`: each query sees only its last `sliding_window` keys (None: all).
+    `k_scale`/`v_scale`: an 8-bit cache's scales (kernels/kv_quant.py)."""
     T, Hq, D = q.shape
     num_blocks, block_size, Hkv, Dk = k_cache.shape
     B = seq_lens.shape[0]
     assert Dk == D and v_cache.shape == k_cache.shape, (q.shape, k_cache.shape, v_cache.shape)
     assert Hq % Hkv == 0, f"query heads {Hq} not a multiple of KV heads {Hkv}"
-    assert q.dtype == k_cache.dtype == v_cache.dtype, (q.dtype, k_cache.dtype, v_cache.dtype)
+    quant = is_quantized(k_cache.dtype)
+    if quant:
+        assert k_cache.dtype == v_cache.dtype and k_scale is not None and v_scale is not None
+        assert k_scale.shape == v_scale.shape == k_cache.shape[:3], (k_scale.shape, k_cache.shape)
+        assert k_scale.dtype == v_scale.dtype == SCALE_DTYPE and k_scale.is_contiguous() and v_scale.is_contiguous()
+        check_device(q, k_scale, v_scale)
+    else:
+        assert q.dtype == k_cache.dtype == v_cache.dtype, (q.dtype, k_cache.dtype, v_cache.dtype)
+        k_scale = v_scale = seq_lens  # unused
     assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1, "head dim must be contiguous"
     assert block_tables.dim() == 2 and block_tables.shape[0] == B and block_tables.stride(1) == 1
     assert query_start_loc.shape == (B + 1,) and query_start_loc.is_contiguous() and seq_lens.is_contiguous()
@@ -279,12 +305,13 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     grid = (T // block_q + B, Hkv, num_splits)
     common = dict(BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad,
                   BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=tile_n, NUM_SPLITS=num_splits,
-                  SLIDING=sliding_window is not None, DOT_PRECISION=dot_precision,
+                  SLIDING=sliding_window is not None, DOT_PRECISION=dot_precision, QUANT=quant,
                   num_warps=4, num_stages=2)
-    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale * LOG2E, B,
-            sliding_window or 0, q.stride(0), q.stride(1))
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
+            scale * LOG2E, B, sliding_window or 0, q.stride(0), q.stride(1))
     cache_strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                     v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0))
+                     v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+                     block_size * Hkv, Hkv)
     if num_splits == 1:
         _paged_attention_kernel[grid](out, out, out, *args, out.stride(0), out.stride(1), 0, 0, 0,
                                       *cache_strides, **common)

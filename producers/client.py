@@ -50,6 +50,7 @@ NOT_FOUND = "not_found"
 STREAM_CLOCK_SLACK_S = 5.0   # a submit time of another process: this much earlier (clock skew)
 STREAM_LOOKBACK_S = 3600.0   # unknown submit time: look back this far
 MAX_FOLLOWS = 10_000         # requests one Client streams or waits on at once
+WAIT_STORE_EVERY_S = 2.0     # Client.wait: the store is asked this often meanwhile
 
 
 class RequestNotFound(InflightError, LookupError):
@@ -318,8 +319,8 @@ class Client:
     def wait(self, request_id: str, timeout: float | None = None, poll_s: float = 0.1) -> Result:
         """Wait until the request is final in the store or `timeout` seconds pass; returns
         the last state seen (check `.done`). A known request is waited on through the
-        results reader (its final event, then the recorder's row): the store is asked
-        again only once the final event is there."""
+        results reader (its final event, then the recorder's row); meanwhile the store is
+        asked every WAIT_STORE_EVERY_S (a row ended by the store alone ends the wait)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         res = self.result(request_id)
         if res.done or (deadline is not None and time.monotonic() >= deadline):
@@ -333,14 +334,23 @@ class Client:
             time.sleep(poll_s)
 
     def _await_final(self, request_id: str, deadline: float | None) -> None:
-        """Until the request's final event is read (or the deadline); quietly returns if
-        the results topics cannot be read (the store is polled instead)."""
+        """Until the request's final event is read, its row is final (a batch's cancel
+        grace ends rows without an event; the store is asked every WAIT_STORE_EVERY_S) or
+        the deadline passes; quietly returns if the results topics cannot be read (the
+        store is polled instead)."""
         try:
             with self.results.follow(request_id, since=self._since(request_id)) as f:
-                until = deadline if deadline is not None else float("inf")
-                for _ in f.events(until, TimeoutError):
-                    pass
-        except (TimeoutError, BrokerError, CapacityError):
+                while not f.finished:
+                    until = time.monotonic() + WAIT_STORE_EVERY_S
+                    if deadline is not None:
+                        until = min(until, deadline)
+                    try:
+                        f.get(until)
+                    except TimeoutError:
+                        if (deadline is not None and time.monotonic() >= deadline) or \
+                                self.result(request_id).done:
+                            return
+        except (BrokerError, CapacityError):
             pass
 
     def wait_many(self, request_ids: Iterable[str], timeout: float | None = None,

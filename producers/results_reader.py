@@ -181,8 +181,10 @@ class ResultsReader:
                     log.warning("%s reader: %s; trying again", self.name, exc)
                 self.error = str(exc)
                 self._stop.wait(RETRY_S)
-            except Exception:  # noqa: BLE001 - the reader serves every follow: never dies
+            except Exception as exc:  # noqa: BLE001 - the reader serves every follow: never dies
                 log.exception("%s reader: unexpected error; going on", self.name)
+                if self._consumer is None:   # e.g. a librdkafka setting it refuses
+                    self.error = f"{type(exc).__name__}: {exc}"
                 self._stop.wait(RETRY_S)
         if self._consumer is not None:
             try:

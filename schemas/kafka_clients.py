@@ -44,7 +44,8 @@ def producer_config(settings: Settings) -> dict[str, Any]:
 def group_config(settings: Settings, group: str) -> dict[str, Any]:
     """Every group consumer of ours, in Kafka's names: manual commits, reading from the
     earliest offset when the group has none (a fresh group must not skip requests already
-    queued), fetches that hold a message at the limit."""
+    queued), fetches that hold a message at the limit. fetch.wait.max.ms is the librdkafka
+    consumers' (consumers.kafka_io.group_consumer sets kafka-python's own)."""
     return {"group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "session.timeout.ms": settings.kafka_session_timeout_ms,
             "heartbeat.interval.ms": settings.kafka_heartbeat_interval_ms,
@@ -79,7 +80,7 @@ def plain_consumer(settings: Settings, **overrides: Any) -> KafkaConsumer:
     """A consumer outside any group (manual assign)."""
     opts: dict[str, Any] = {"group_id": None, "enable_auto_commit": False,
                             "auto_offset_reset": "earliest",
-                            "fetch_max_wait_ms": settings.kafka_fetch_max_wait_ms}
+                            "fetch_max_wait_ms": settings.kafka_python_fetch_max_wait_ms}
     opts.update(overrides)
     return connect(KafkaConsumer, settings, **opts)
 

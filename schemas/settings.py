@@ -72,12 +72,18 @@ class Settings(BaseSettings):
     # (the worker's intake polls every few ms, whatever the engine or the broker does)
     kafka_max_poll_interval_ms: int = 300_000
     kafka_max_message_bytes: int = 1_000_000
-    # How long the broker may hold a fetch that finds nothing new (every consumer of ours:
-    # the worker's intake and cancel reader, the recorder, the results readers of the API
-    # and Client). Kafka answers a fetch as soon as a record lands, so there it only sets
-    # the idle cost (one fetch per this many ms per consumer; Kafka's default is 500); the
-    # embedded Tansu holds a fetch for all of it, so it adds to every hop's latency.
-    kafka_fetch_max_wait_ms: int = Field(default=20, ge=0)
+    # How long the broker may hold a fetch that finds nothing new, for our librdkafka
+    # consumers (the recorder, the results readers of the API and Client). Kafka answers
+    # a fetch as soon as a record lands, so there it only sets the idle cost (one fetch per
+    # this many ms per consumer; Kafka's default is 500); the embedded Tansu holds an empty
+    # fetch for all of it, so about half of it is added to every hop on that broker. An
+    # idle fetch costs librdkafka (C) little: 10.
+    kafka_fetch_max_wait_ms: int = Field(default=10, ge=0)
+    # ... the same for our kafka-python consumers (the worker's intake and cancel reader,
+    # the recorder on kafka-python), where every idle fetch costs Python CPU (an idle worker:
+    # 0.115 CPU s/s at 20, 0.047 at 100) and half of it is a request's wait at the intake
+    # on Tansu (submit -> admitted: ~10 ms p50 at 20, ~35 at 100): 20.
+    kafka_python_fetch_max_wait_ms: int = Field(default=20, ge=0)
     # how long a producer of ours waits to fill a batch before sending it
     kafka_linger_ms: int = Field(default=2, ge=0)
 
@@ -116,6 +122,7 @@ class Settings(BaseSettings):
     kernels: str | None = None  # torch | triton (None = triton on CUDA, torch on CPU)
     cuda_graphs: bool | None = None  # decode steps as CUDA graphs (None = on for CUDA + triton; 0 = off)
     tensor_parallel_size: int | None = None  # GPUs (ranks) one worker shards its model over (1)
+    kv_cache_dtype: str | None = None  # auto (the model dtype) | int8 | fp8 (e4m3); None = auto
     # speculative decoding, vLLM's speculative_config as JSON (None/empty = off), e.g.
     # INFLIGHT_SPECULATIVE_CONFIG='{"method": "ngram", "num_speculative_tokens": 4}'; the
     # engine checks the keys (engine/spec/config.py); `inflight worker --speculative-config` wins

@@ -15,11 +15,11 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from inflight.api.models.sampling import OpenAISampling
 from inflight.schemas import InferenceRequest, SchemaError, parse_batch_line
 from inflight.schemas.batch import CHAT_URL
 from inflight.schemas.events import Logprobs
-from inflight.schemas.params import (MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
-                            MAX_TOKENS_LIMIT, SEED_MAX, TokenId)
+from inflight.schemas.params import MAX_LOGPROBS, MAX_TOKENS_LIMIT
 from inflight.schemas.requests import MAX_MESSAGES, PRIORITY_INTERACTIVE
 from inflight.schemas.tools import MAX_TOOLS, ToolCall, ToolChoice, parse_tool_calls
 
@@ -78,11 +78,6 @@ class ToolIn(BaseModel):
     function: FunctionIn
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    include_usage: bool | None = None
-
-
 class TextFormat(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
@@ -110,47 +105,26 @@ class JsonSchemaFormat(BaseModel):
 ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(OpenAISampling):
     """POST /v1/chat/completions. Sampling: max_tokens (or max_completion_tokens),
     temperature, top_p, seed, stop, logprobs + top_logprobs (not with stream), and vLLM's
     top_k, stop_token_ids, ignore_eos. Output constraints: response_format (text,
     json_object, json_schema), tools + tool_choice (none, auto, required, a named function)
     + parallel_tool_calls, and vLLM's structured_outputs (json, json_object, regex,
     choice, grammar, structural_tag). Only the neutral value of n, penalties and logit_bias
-    is accepted."""
-
-    model_config = ConfigDict(extra="forbid")
+    is accepted (api/models/sampling.py: the fields text completions share)."""
 
     messages: Annotated[list[ChatMessageIn], Field(min_length=1, max_length=MAX_MESSAGES)]
     model: Annotated[str, Field(max_length=256)] | None = None
-    # NOTE: strict as OpenAI is: "5" and true are not 5, NaN is not a number
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT, strict=True)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT, strict=True)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=100.0, strict=True, allow_inf_nan=False)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0, strict=True, allow_inf_nan=False)] | None = None
-    top_k: Annotated[int, Field(ge=-1, le=1_000_000, strict=True)] | None = None
-    seed: Annotated[int, Field(ge=0, le=SEED_MAX, strict=True)] | None = None
-    stop: (Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
-           | Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]],
-                       Field(max_length=MAX_STOP_STRINGS)] | None) = None
-    stop_token_ids: Annotated[list[Annotated[TokenId, Field(strict=True)]],
-                              Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
-    ignore_eos: Annotated[bool, Field(strict=True)] | None = None
-    # accepted only at their neutral values (anything else is a 400 naming the parameter)
-    n: Annotated[int, Field(ge=1, le=1, strict=True)] | None = None
-    stream: Annotated[bool, Field(strict=True)] | None = None
-    stream_options: StreamOptions | None = None
-    presence_penalty: Annotated[float, Field(ge=0, le=0, strict=True)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=0, le=0, strict=True)] | None = None
     logprobs: Annotated[bool, Field(strict=True)] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS, strict=True)] | None = None
-    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
     response_format: ResponseFormat | None = None
     tools: Annotated[list[ToolIn], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     structured_outputs: dict[str, Any] | None = None
-    user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None

@@ -20,16 +20,15 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from inflight.api.models.sampling import OpenAISampling, Strict
 from inflight.schemas import InferenceRequest, SchemaError, parse_batch_line
 from inflight.schemas.batch import COMPLETIONS_URL
-from inflight.schemas.params import (MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
-                                     MAX_TOKENS_LIMIT, SEED_MAX, TokenId)
+from inflight.schemas.params import MAX_TOKENS_LIMIT, TokenId
 from inflight.schemas.requests import MAX_PROMPT_TOKEN_IDS, PRIORITY_INTERACTIVE
 
 MAX_LEGACY_LOGPROBS = 5   # OpenAI's limit for the legacy `logprobs` integer
 DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
 
-Strict = Field(strict=True)
 TokenIds = Annotated[list[Annotated[TokenId, Strict]], Field(min_length=1,
                                                              max_length=MAX_PROMPT_TOKEN_IDS)]
 Prompt = (Annotated[str, Field(min_length=1)] | TokenIds
@@ -37,12 +36,7 @@ Prompt = (Annotated[str, Field(min_length=1)] | TokenIds
           | Annotated[list[TokenIds], Field(min_length=1, max_length=1)])
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    include_usage: Annotated[bool, Strict] | None = None
-
-
-class CompletionRequest(BaseModel):
+class CompletionRequest(OpenAISampling):
     """POST /v1/completions: one prompt (a string or token ids; a list of one of either),
     n = 1. `echo` returns the prompt before the completion; `logprobs` (0-5) returns the
     legacy logprobs object, of the prompt too with `echo` (max_tokens 0 with echo scores the
@@ -53,28 +47,11 @@ class CompletionRequest(BaseModel):
     model: Annotated[str, Field(max_length=256)]
     prompt: Prompt
     max_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT, strict=True)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=100.0, strict=True, allow_inf_nan=False)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0, strict=True, allow_inf_nan=False)] | None = None
-    top_k: Annotated[int, Field(ge=-1, le=1_000_000, strict=True)] | None = None
-    seed: Annotated[int, Field(ge=0, le=SEED_MAX, strict=True)] | None = None
-    stop: (Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
-           | Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]],
-                       Field(max_length=MAX_STOP_STRINGS)] | None) = None
-    stop_token_ids: Annotated[list[Annotated[TokenId, Strict]],
-                              Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
-    ignore_eos: Annotated[bool, Strict] | None = None
     echo: Annotated[bool, Strict] | None = None
     logprobs: Annotated[int, Field(ge=0, le=MAX_LEGACY_LOGPROBS, strict=True)] | None = None
-    stream: Annotated[bool, Strict] | None = None
-    stream_options: StreamOptions | None = None
-    # accepted only at their neutral values (anything else is a 400 naming the parameter)
-    n: Annotated[int, Field(ge=1, le=1, strict=True)] | None = None
+    # accepted only at their neutral values
     best_of: Annotated[int, Field(ge=1, le=1, strict=True)] | None = None
-    presence_penalty: Annotated[float, Field(ge=0, le=0, strict=True)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=0, le=0, strict=True)] | None = None
-    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
     suffix: Annotated[str, Field(max_length=0)] | None = None
-    user: str | None = None
 
     @property
     def prompt_ids(self) -> list[int] | None:

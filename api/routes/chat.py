@@ -70,30 +70,37 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
     model = ctx.models.resolve(body.model).id  # an unknown model is a 404, as OpenAI's
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars, ctx.settings.kafka_max_message_bytes)
-    existing = await ctx.claims.claim(queued_row(req), caller.owner)
+    stream, event = await submit_and_follow(ctx, req, caller.owner, "chat_completions", to_final=not body.stream)
+    if not body.stream:
+        return json_response(completion(rid, model, event))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    calls = ToolCallStream(rid) if req.tools is not None and req.tool_choice != "none" else None
+    return StreamResponse(_chunks(ctx, rid, model, event, stream, include_usage, calls),
+                          stream, on_unfinished=lambda: cancel_quietly(ctx, rid))
+
+
+async def submit_and_follow(ctx: ApiContext, req: Any, owner: str | None, metric: str,
+                            to_final: bool) -> tuple[ApiStream, Any]:
+    """File `req` for `owner`, publish it and wait for its first event, or with `to_final`
+    for its final one (the stream is closed then). An error event raises its status; the
+    stream is closed on every way out but a streamed answer's (its response closes it)."""
+    existing = await ctx.claims.claim(queued_row(req), owner)
     if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
         raise APIError(500, "request id collision; retry")
-    stream = await open_and_publish(ctx, req, caller.owner)
-    ctx.metrics.inc("chat_completions")
+    stream = await open_and_publish(ctx, req, owner)
+    ctx.metrics.inc(metric)
     try:
-        first = await _next(ctx, stream)
-        if isinstance(first, ErrorEvent):
-            raise error_status(first)
-        if not body.stream:
-            final = first
-            while not isinstance(final, (FinalEvent, ErrorEvent)):
-                final = await _next(ctx, stream)
-            if isinstance(final, ErrorEvent):
-                raise error_status(final)
-            stream.close()
-            return json_response(completion(rid, model, final))
+        event = await _next(ctx, stream)
+        while to_final and not isinstance(event, (FinalEvent, ErrorEvent)):
+            event = await _next(ctx, stream)
+        if isinstance(event, ErrorEvent):
+            raise error_status(event)
     except BaseException:
         stream.close()
         raise
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    calls = ToolCallStream(rid) if req.tools is not None and req.tool_choice != "none" else None
-    return StreamResponse(_chunks(ctx, rid, model, first, stream, include_usage, calls),
-                          stream, on_unfinished=lambda: cancel_quietly(ctx, rid))
+    if to_final:
+        stream.close()
+    return stream, event
 
 
 async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None) -> ApiStream:

@@ -20,14 +20,13 @@ from inflight.api.deps import Caller, Ctx
 from inflight.api.models.completions import Completion, CompletionRequest, chunk, completion
 from inflight.api.models.errors import OPENAI_ERRORS, WAIT_ERRORS
 from inflight.api.responses import json_response
-from inflight.api.routes.chat import (SentText, _next, _timeout, cancel_quietly, error_status,
-                                      open_and_publish)
+from inflight.api.routes.chat import (SentText, _timeout, cancel_quietly, error_status,
+                                      submit_and_follow)
 from inflight.api.routing import ApiRoute
 from inflight.api.sse import sse
 from inflight.api.streams import ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
 from inflight.schemas import ErrorEvent, FinalEvent, TokenEvent
-from inflight.store import queued_row
 
 router = APIRouter(route_class=ApiRoute, tags=["completions"], responses=OPENAI_ERRORS)
 
@@ -41,29 +40,12 @@ async def completions(body: CompletionRequest, ctx: Ctx, caller: Caller) -> Any:
     model = ctx.models.resolve(body.model).id
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars, ctx.settings.kafka_max_message_bytes)
-    existing = await ctx.claims.claim(queued_row(req), caller.owner)
-    if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
-        raise RuntimeError("request id collision")
-    stream = await open_and_publish(ctx, req, caller.owner)
-    ctx.metrics.inc("completions")
-    try:
-        first = await _next(ctx, stream)
-        if isinstance(first, ErrorEvent):
-            raise error_status(first)
-        if not body.stream:
-            final = first
-            while not isinstance(final, (FinalEvent, ErrorEvent)):
-                final = await _next(ctx, stream)
-            if isinstance(final, ErrorEvent):
-                raise error_status(final)
-            stream.close()
-            return json_response(completion(rid, model, body, final))
-    except BaseException:
-        stream.close()
-        raise
+    stream, event = await submit_and_follow(ctx, req, caller.owner, "completions", to_final=not body.stream)
+    if not body.stream:
+        return json_response(completion(rid, model, body, event))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     echo = body.prompt_text if body.echo else None
-    return StreamResponse(_chunks(ctx, rid, model, first, stream, include_usage, echo), stream,
+    return StreamResponse(_chunks(ctx, rid, model, event, stream, include_usage, echo), stream,
                           on_unfinished=lambda: cancel_quietly(ctx, rid))
 
 

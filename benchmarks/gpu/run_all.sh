@@ -12,7 +12,7 @@
 #   models      random-weight bf16 checkpoints: SmolLM2-135M shape and the "1B" shape
 #   tests       the GPU-only tests (tests/engine/test_cuda.py: devices, streams, KV sizing
 #               after profiling, ...; test_kv_sizing.py, test_device.py) and the kernel
-#               tests on CUDA
+#               tests on CUDA (8-bit KV caches included: tests/kernels/test_kv_quant.py)
 #   profile-*   benchmarks/step_profile.py, batch 1/32/256, CUDA graphs on and off
 #   throughput-* benchmarks/throughput.py --device cuda, 2,048 requests vs HF static batches
 #   kernels     benchmarks/bench_kernels.py --quick (eager and CUDA-graph replay)
@@ -27,6 +27,14 @@
 #   tp          benchmarks/tensor_parallel.py at TP=1 (one GPU): the plain engine vs the
 #               tensor-parallel code path over one rank, 1B shape, CUDA graphs on and off:
 #               the plumbing's cost per decode step (must be about 0), tokens identical
+#   spec-verify benchmarks/spec_verify.py on the 1B shape: a verification step (1 + k tokens
+#               per request, k = 4, 8) against a plain decode step (CUDA graphs) at batch
+#               1 and 32; the issue-20 target: k = 4 at batch 1 <= 1.3x plain
+#   spec-decode benchmarks/spec_decode.py --device cuda on the 1B shape, batch 1 and 32:
+#               n-gram on repetitive prompts and the target as its own draft (random
+#               weights accept nothing from another draft), tok/s with and without
+#   kv8         bench_kernels.py --kv-only: decode attention and the KV write on int8 / fp8
+#               KV caches against the bf16 cache (CUDA-graph replay; kernels/kv_quant.py)
 #   families-exact-*  each model family's exactness test (tests/engine/test_families.py)
 #               on the GPU, fp32 then bf16
 #   family-*    a random checkpoint of each family's real shape (Llama-3.1-8B, Qwen2.5-7B,
@@ -125,13 +133,14 @@ stage models 150 bash -c "'$PY' benchmarks/gpu/make_model.py '$M135' '$TOK' ${SH
 
 # -- GPU tests ---------------------------------------------------------------------------
 GPU_TESTS=(tests/engine/test_cuda.py tests/engine/test_kv_sizing.py tests/engine/test_device.py
-           tests/engine/test_structured.py::test_on_cuda_with_graphs_and_overlapped_outputs)
+           tests/engine/test_structured.py::test_on_cuda_with_graphs_and_overlapped_outputs
+           tests/engine/spec/test_cuda.py)
 if [ "$SMOKE" = 1 ]; then
     stage tests 120 "$PY" -m pytest -q -p no:cacheprovider "${GPU_TESTS[@]}"
 else
     stage tests 240 "$PY" -m pytest -q -p no:cacheprovider -x "${GPU_TESTS[@]}" \
         tests/kernels/test_engine_triton.py tests/kernels/test_attention.py \
-        tests/kernels/test_elementwise.py
+        tests/kernels/test_elementwise.py tests/kernels/test_kv_quant.py
 fi
 
 # -- decode step profile -------------------------------------------------------------------
@@ -186,6 +195,28 @@ else
         --sizes 1 --cuda-graphs both --num-requests 32 --prompt-len 128 --max-tokens 64 --rounds 3 \
         --kv-cache-mib 4096 --json "$WORK/json/tensor-parallel.json"
 fi
+
+# -- speculative decoding: the verification step's cost, tok/s with and without ----------------
+if [ "$SMOKE" = 1 ]; then
+    stage spec-verify 120 "$PY" benchmarks/spec_verify.py --model "$M1B" --device "$DEVICE" \
+        --dtype "$DTYPE" --batch-sizes 1,4 --k 4 --context 32 --steps 3 --kv-cache-mib 64 \
+        --json "$WORK/json/spec-verify.json"
+    stage spec-decode 120 "$PY" benchmarks/spec_decode.py --model "$M135" --device "$DEVICE" \
+        --dtype "$DTYPE" --workloads repetitive --batches 1,4 --methods ngram,self --max-tokens 8 \
+        --min-requests 4 --kv-cache-mib 64 --json "$WORK/json/spec-decode.json"
+else
+    stage spec-verify 100 "$PY" benchmarks/spec_verify.py --model "$M1B" --device "$DEVICE" \
+        --dtype "$DTYPE" --batch-sizes 1,32 --k 4,8 --context 512 --steps 30 --kv-cache-mib 4096 \
+        --json "$WORK/json/spec-verify.json"
+    stage spec-decode 120 "$PY" benchmarks/spec_decode.py --model "$M1B" --device "$DEVICE" \
+        --dtype "$DTYPE" --workloads repetitive --batches 1,32 --methods ngram,self --k 4 \
+        --threshold 0 --max-tokens 64 --min-requests 32 --kv-cache-mib 4096 \
+        --json "$WORK/json/spec-decode.json"
+fi
+
+# -- 8-bit KV cache: the Triton kernels on int8 / fp8 caches vs bf16 (GPU only) --------------------
+stage kv8 90 "$PY" benchmarks/bench_kernels.py --quick --kv-only --kv-cache-dtypes int8,fp8 \
+    --json "$WORK/json/kv8.json"
 
 # -- model families: exact on the GPU, real shapes through the throughput benchmark --------------
 if [ "$SMOKE" = 1 ]; then

@@ -96,9 +96,40 @@ def summarize(data: dict) -> list[str]:
            "Targets: B=1 at ctx >= 2k reaches 40% of HBM; no decode shape loses to torch.", ""]
     md += table(["shape", "eager ms", "graph ms", "% HBM (graph)", "torch graph ms",
                  "speedup", "target"], rows)
+    md += kv8_section(data.get("kv8", {}))
     md += quant_section(data.get("quant", {}))
     md += families_section(data)
     md += tp_section(data.get("tensor-parallel", {}))
+    md += spec_section(data.get("spec-verify", {}), data.get("spec-decode", {}))
+    return md
+
+
+def kv8_section(k: dict) -> list[str]:
+    """8-bit KV caches (issue 24): the Triton kernels on int8 / fp8 caches vs the bf16 cache."""
+    rows = [[r["kernel"], r["shape"], f"{r['triton_ms']:.4f}", f"{r['torch_ms']:.4f}",
+             f"{r['speedup']:.2f}x", f"{r['pct_peak']:.1f}%"] for r in k.get("rows", [])]
+    if not rows:
+        return []
+    md = ["## 8-bit KV cache (benchmarks/bench_kernels.py --kv-only --kv-cache-dtypes int8,fp8)", "",
+          "CUDA-graph replay; the baseline is the same kernel on the bf16 cache.", ""]
+    return md + table(["kernel", "shape", "8-bit ms", "bf16 ms", "speedup", "% HBM (8-bit bytes)"], rows)
+
+
+def spec_section(v: dict, d: dict) -> list[str]:
+    """Speculative decoding (issue 20): the verification step against a plain decode step,
+    and tok/s with and without on repetitive prompts."""
+    md = ["## Speculative decoding (benchmarks/spec_verify.py, spec_decode.py)", "",
+          "Target: a verification step with k = 4 at batch 1 on the 1B shape <= 1.3x a plain "
+          "decode step.", ""]
+    rows = []
+    for r in v.get("results", []):
+        ok = r["vs_plain"] <= 1.3 if (r["batch"], r["k"]) == (1, 4) else None
+        rows.append([r["batch"], r["kind"], f"{r['median_ms']:.3f}", f"{r['vs_plain']:.2f}x", verdict(ok)])
+    md += table(["batch", "step", "median ms", "vs plain", "target"], rows)
+    rows = [[r["workload"], r["batch"], r["method"], f"{r['tok_s']:.0f}", f"{r['speedup_wall']:.2f}x",
+             "-" if r["acceptance"] != r["acceptance"] else f"{r['acceptance']:.2f}",
+             f"{r['identical']}/{r['requests']}"] for r in d.get("results", [])]
+    md += table(["workload", "batch", "method", "tok/s", "speedup (wall)", "acceptance", "identical"], rows)
     return md
 
 

@@ -26,14 +26,15 @@ def load_model(config, folder: pathlib.Path, ops, device: torch.device,
     here for `config.tensor_parallel_size` ranks when not given) -> (model, group or None).
 
     NOTE: every rank builds its model from LOAD's JSON (engine/parallel/sharded_model.py,
-    `LeaderModel`): an argument added to `LlamaModel` (a KV-cache dtype, say) goes there too,
-    or the followers would build another model than rank 0's."""
+    `LeaderModel`): an argument added to `LlamaModel` goes there too (as `kv_dtype` does, by
+    its kv_cache_dtype name), or the followers would build another model than rank 0's."""
     from inflight.engine.errors import ConfigError
     from inflight.engine.model import LlamaModel
     from inflight.engine.parallel.sharded_model import LeaderModel
 
     if not config.tensor_parallel and group is None:
-        return LlamaModel(folder, ops, config.torch_dtype, device, config.max_model_len), None
+        return LlamaModel(folder, ops, config.torch_dtype, device, config.max_model_len,
+                          config.kv_torch_dtype), None
     from inflight.engine.model_config import ModelConfig
     from inflight.engine.parallel.shard import ShardPlan
 
@@ -45,7 +46,8 @@ def load_model(config, folder: pathlib.Path, ops, device: torch.device,
         raise ConfigError(f"EngineConfig.tensor_parallel_size={config.tensor_parallel_size} but the "
                           f"given group has {group.world} ranks")
     try:
-        model = LeaderModel(folder, ops, config.torch_dtype, device, config.max_model_len, tp=group)
+        model = LeaderModel(folder, ops, config.torch_dtype, device, config.max_model_len,
+                            config.kv_torch_dtype, tp=group)
     except BaseException:
         if owned:
             group.close()

@@ -27,6 +27,7 @@ from inflight.engine.model_config import ModelConfig
 from inflight.engine.parallel import handoff
 from inflight.engine.parallel.group import Group, TensorParallelError
 from inflight.engine.parallel.shard import ShardPlan, read_shard
+from inflight.kernels.kv_quant import KV_CACHE_DTYPES
 
 
 class RowParallel:
@@ -41,9 +42,10 @@ class RowParallel:
 
 class ShardedModel(LlamaModel):
     def __init__(self, folder: str | pathlib.Path, ops, dtype: torch.dtype,
-                 device: str | torch.device, max_model_len: int | None, *, group: Group):
+                 device: str | torch.device, max_model_len: int | None,
+                 kv_dtype: torch.dtype | None = None, *, group: Group):
         self.group = group
-        super().__init__(folder, ops, dtype, device, max_model_len)
+        super().__init__(folder, ops, dtype, device, max_model_len, kv_dtype)
         for layer in self.layers:
             layer.o, layer.down = RowParallel(layer.o, group), RowParallel(layer.down, group)
 
@@ -86,15 +88,17 @@ class LeaderModel(ShardedModel):
     broadcast), then run here."""
 
     def __init__(self, folder: str | pathlib.Path, ops, dtype: torch.dtype,
-                 device: str | torch.device, max_model_len: int | None, *, tp):
+                 device: str | torch.device, max_model_len: int | None,
+                 kv_dtype: torch.dtype | None = None, *, tp):
         self.tp = tp
         self._hidden: torch.Tensor | None = None
         name = next(k for k, v in DTYPES.items() if v == dtype)
+        kv_name = next((k for k, v in KV_CACHE_DTYPES.items() if v is not None and v == kv_dtype), "auto")
         spec = {"folder": str(pathlib.Path(folder).resolve()), "dtype": name,
-                "max_model_len": max_model_len, "kernels": ops.name}
+                "max_model_len": max_model_len, "kernels": ops.name, "kv_cache_dtype": kv_name}
         tp.send(handoff.LOAD, extra=json.dumps(spec).encode())
         with tp.all_ranks(f"loading {folder}"):
-            super().__init__(folder, ops, dtype, device, max_model_len, group=tp.group)
+            super().__init__(folder, ops, dtype, device, max_model_len, kv_dtype, group=tp.group)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int):
         self.tp.send(handoff.ALLOC, num_blocks, block_size)

@@ -26,6 +26,7 @@ from inflight.engine.parallel import handoff
 from inflight.engine.parallel.group import Group
 from inflight.engine.parallel.launch import START_TIMEOUT_S, WATCH_EVERY_S
 from inflight.engine.parallel.sharded_model import ShardedModel
+from inflight.kernels.kv_quant import KV_CACHE_DTYPES
 from inflight.kernels.ops import get_ops
 
 log = logging.getLogger("inflight.engine.parallel.follower")
@@ -76,7 +77,7 @@ class Follower:
         try:
             self.model = ShardedModel(spec["folder"], get_ops(spec["kernels"], str(self.device)),
                                       DTYPES[spec["dtype"]], self.device, spec["max_model_len"],
-                                      group=self.group)
+                                      KV_CACHE_DTYPES[spec["kv_cache_dtype"]], group=self.group)
         except Exception:  # noqa: BLE001 - reported to the leader through the status all-reduce
             log.exception("rank %d could not load %s", self.group.rank, spec["folder"])
             ok = False

@@ -32,12 +32,39 @@ class Linear(Protocol):
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
+# NOTE: on CPU in fp32 (one thread; measured on SmolLM2-135M's shapes, docs/benchmarks.md,
+# speculative decoding) MKL's F.linear costs about the same for 1 to 3 rows (a decode, a
+# verification of 1-2 drafts), then jumps: 4-32 rows (longer verifications, a batch of
+# decodes) cost up to 2.5x one row against a weight much larger than the L2 cache. oneDNN's
+# inner product on the same [N, K] weight (no copy, no reorder) reads it far better there
+# (9 rows: 1.7x one row instead of 2.5x): dense layers and the LM head of at least
+# ONEDNN_MIN_BYTES take it for ONEDNN_ROWS rows. Small weights stay in cache either way
+# and keep F.linear; so do one row and many (a prefill chunk), where MKL is at its best.
+ONEDNN_ROWS = (4, 32)
+ONEDNN_MIN_BYTES = 3 << 20
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Does x @ weight.T go through oneDNN (the NOTE above)?"""
+    return (_ONEDNN and x.dim() == 2 and ONEDNN_ROWS[0] <= x.shape[0] <= ONEDNN_ROWS[1]
+            and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and weight.numel() * 4 >= ONEDNN_MIN_BYTES)
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear of an [N, K] weight; a few rows on CPU in fp32 through oneDNN (NOTE above)."""
+    if takes_onednn(x, weight):
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
 class DenseLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight, self.bias = weight, bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return dense_linear(x, self.weight, self.bias)
 
 
 class W8Linear:

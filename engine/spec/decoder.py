@@ -18,8 +18,9 @@ A running request speculates in a step when all of these hold:
 from __future__ import annotations
 
 from inflight.engine.request import Request, RequestStatus
-from inflight.engine.spec.adaptive import DraftLength
-from inflight.engine.spec.config import DRAFT_TOKEN_COST, SpeculativeConfig
+from inflight.engine.spec.adaptive import DraftLength, extended_costs, linear_costs
+from inflight.engine.spec.config import (CPU_VERIFY_COST_SLOPE, CPU_VERIFY_COSTS, CUDA_DRAFT_TOKEN_COST,
+                                         SpeculativeConfig)
 from inflight.engine.spec.stats import SpecStats
 
 
@@ -32,8 +33,13 @@ class SpecDecoder:
         self.proposer = proposer
         self.stats = SpecStats(self.k)
         cost = config.draft_token_cost
-        self.draft_token_cost = DRAFT_TOKEN_COST.get(device_type, DRAFT_TOKEN_COST["cuda"]) \
-            if cost is None else cost
+        # costs[d]: a verification of d drafts, in plain decode steps (engine/spec/adaptive.py)
+        if cost is not None:
+            self.costs = linear_costs(self.k, cost)
+        elif device_type == "cpu":
+            self.costs = extended_costs(self.k, CPU_VERIFY_COSTS, CPU_VERIFY_COST_SLOPE)
+        else:
+            self.costs = linear_costs(self.k, CUDA_DRAFT_TOKEN_COST)
 
     def enabled_for(self, req: Request) -> bool:
         on = req.params.speculative
@@ -64,7 +70,7 @@ class SpecDecoder:
             length = req.spec_draft
             if length is None:
                 length = req.spec_draft = DraftLength()
-            want = length.choose(limit, self.draft_token_cost)
+            want = length.choose(limit, self.costs)
             if want:
                 reqs.append(req)
                 limits.append(want)

@@ -47,14 +47,31 @@ def main(dtypes=("bf16", "fp16", "fp32"), quick: bool = False) -> int:
             compile_sm90(triton_attention._paged_attention_kernel, attn, dict(
                 BLOCK_SIZE=16, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim,
                 BLOCK_Q=block_m // group, BLOCK_M=block_m, TILE_N=tile_n, NUM_SPLITS=splits,
-                SLIDING=sliding, DOT_PRECISION="ieee" if dt == "fp32" else None))
+                SLIDING=sliding, DOT_PRECISION="ieee" if dt == "fp32" else None, QUANT=False))
+        for cache in ("i8", "fp8e4nv"):  # 8-bit KV caches with fp16 scales (kernels/kv_quant.py)
+            splits, block_m, tile_n, group, head_dim, sliding = configs[-1]
+            out = "*fp32" if splits > 1 else f"*{dt}"
+            compile_sm90(triton_attention._paged_attention_kernel, attn | dict(
+                k_cache_ptr=f"*{cache}", v_cache_ptr=f"*{cache}", k_scale_ptr="*fp16",
+                v_scale_ptr="*fp16", out_ptr=out, m_ptr=out, l_ptr=out), dict(
+                BLOCK_SIZE=16, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim,
+                BLOCK_Q=block_m // group, BLOCK_M=block_m, TILE_N=tile_n, NUM_SPLITS=splits,
+                SLIDING=sliding, DOT_PRECISION="ieee" if dt == "fp32" else None, QUANT=True))
+            compile_sm90(triton_kv_write._write_kv_kernel,
+                         {n: f"*{dt}" for n in ("k_ptr", "v_ptr")} | dict(
+                             k_cache_ptr=f"*{cache}", v_cache_ptr=f"*{cache}", slot_mapping_ptr="*i64",
+                             k_scale_ptr="*fp16", v_scale_ptr="*fp16"),
+                         dict(BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128,
+                              QUANT=1 if cache == "i8" else 2, QMAX=127.0 if cache == "i8" else 448.0,
+                              MIN_SCALE=2.0 ** -24), num_warps=1)
         compile_sm90(triton_attention._merge_splits_kernel,
                      dict(out_ptr=f"*{dt}", acc_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
                      dict(NUM_SPLITS=3, SPLITS_PAD=4, HEAD_DIM=128, HEAD_DIM_PAD=128))
         compile_sm90(triton_kv_write._write_kv_kernel,
                      {n: f"*{dt}" for n in ("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr")}
-                     | dict(slot_mapping_ptr="*i64"),
-                     dict(BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128), num_warps=1)
+                     | dict(slot_mapping_ptr="*i64", k_scale_ptr="*i64", v_scale_ptr="*i64"),
+                     dict(BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, QUANT=0, QMAX=1.0,
+                          MIN_SCALE=2.0 ** -24), num_warps=1)
         for residual in (False, True):
             compile_sm90(triton_rmsnorm._rms_norm_kernel,
                          {n: f"*{dt}" for n in ("out_ptr", "res_out_ptr", "x_ptr", "res_ptr", "w_ptr")}

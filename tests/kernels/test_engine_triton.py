@@ -30,10 +30,10 @@ def tiny_model(tmp_path_factory):
                             num_heads=4, num_kv_heads=2)
 
 
-def run(model, kernels):
+def run(model, kernels, kv_cache_dtype="auto"):
     config = engine.EngineConfig(model=model, kernels=kernels, block_size=4, num_kv_blocks=64,
                                  max_num_batched_tokens=16, max_num_seqs=4, dtype="float32",
-                                 device=DEVICE)
+                                 device=DEVICE, kv_cache_dtype=kv_cache_dtype)
     eng = engine.Engine(config)
     assert eng.ops.name == (kernels or "triton")
     params = engine.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -50,6 +50,14 @@ def test_greedy_tokens_match_torch(tiny_model, monkeypatch):
     got = run(tiny_model, None)
     assert got == expected
     assert len(got) == 5 and all(len(t) == 6 for t in got)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_8bit_kv_cache_tokens_match_torch(tiny_model, kv_cache_dtype):
+    """The Triton KV write and attention on an 8-bit cache (kernels/kv_quant.py) = the
+    torch path on the same cache: same quantized bytes, same tokens."""
+    expected = run(tiny_model, "torch", kv_cache_dtype)
+    assert run(tiny_model, "triton", kv_cache_dtype) == expected
 
 
 @pytest.mark.parametrize("family", ["gemma3"])

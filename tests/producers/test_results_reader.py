@@ -155,3 +155,29 @@ def test_the_cap_on_follows_and_every_close_frees_a_place(kafka_settings):
         assert r.followed == 0
     finally:
         r.close()
+
+
+def test_client_wait_sees_a_row_that_ended_without_an_event(kafka_settings, tmp_path):
+    """Client.wait follows the request's final event, and asks the store now and then
+    too: a row ended by the store alone (a batch's cancel grace) ends the wait."""
+    import threading
+
+    from inflight.producers.client import Client
+    from inflight.schemas import FinalEvent, InferenceRequest
+    from inflight.store import Store, final_row, queued_row
+
+    store = Store(f"sqlite:///{tmp_path / 'wait.db'}", create=True)
+    client = Client(kafka_settings, store=store)
+    try:
+        req = InferenceRequest(request_id="wait-1", prompt="hi", submitted_at=time.time())
+        store.upsert_requests([queued_row(req)])
+        end = threading.Timer(0.5, lambda: store.upsert_requests([final_row(FinalEvent(
+            request_id="wait-1", text="", finish_reason="abort"))]))
+        end.start()
+        t0 = time.monotonic()
+        res = client.wait("wait-1", timeout=20)
+        assert res.done and time.monotonic() - t0 < 10
+        assert client.results.followed == 0
+    finally:
+        client.close()
+        store.close()

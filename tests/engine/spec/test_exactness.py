@@ -146,3 +146,19 @@ def test_logprobs_of_accepted_tokens_are_the_targets(tiny_model_path):
             assert a.token_id == b.token_id and a.rank == b.rank
             assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
             assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+@pytest.mark.parametrize("scheme", ["w8", "w4"])
+def test_quantized_target_and_draft(tiny_model_path, tmp_path, scheme):
+    """A quantized target verifies drafts with its own quantized layers (1 + k rows), and a
+    quantized copy of it drafts for it: tokens are the quantized target's plain ones."""
+    from tests.quant_models import quantized
+
+    q = quantized(tiny_model_path, tmp_path / scheme, scheme, group_size=32 if scheme == "w4" else None)
+    prompts = spec_prompts(4)
+    want = make(q).generate(prompts, GREEDY)
+    for spec in (methods(q, q)["ngram"], methods(q, q)["self-draft"]):
+        eng = make(q, spec)
+        got = eng.generate(prompts, GREEDY)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want], spec["method"]
+        assert eng.stats()["spec_decode_num_accepted_tokens"] > 0

@@ -4,6 +4,8 @@ rejected drafts go back to the pool, and no unverified token is ever hashed."""
 
 from __future__ import annotations
 
+import pytest
+
 from inflight.engine import SamplingParams
 from tests.engine.spec.conftest import GREEDY, drain, make, methods, spec_prompts
 
@@ -115,3 +117,33 @@ def test_constrained_requests_do_not_speculate_beside_ones_that_do(tiny_model_pa
     assert got[1].token_ids == want[1].token_ids
     s = eng.stats()
     assert s["spec_decode_num_drafts"] > 0 and s["grammar_masks"] > 0
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "self-draft"])
+def test_constrained_greedy_outputs_identical_and_valid_with_speculation(tiny_model_path, method):
+    """Every kind of constraint (JSON schema, json_object, regex, choice, GBNF, Lark), greedy,
+    beside unconstrained requests that speculate and then alone: the same tokens as without
+    speculation, every stopped output valid, and a constrained request is never given drafts
+    (engine/spec/decoder.py: it decodes plainly, masked on its one logit row)."""
+    from tests.engine.test_structured import SUITE
+
+    spec = {**methods(tiny_model_path, tiny_model_path)[method], "draft_token_cost": 0.0}
+    constrained = [SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=so) for so, _ in SUITE]
+    prompts = spec_prompts(2 * len(SUITE))
+    params = constrained + [GREEDY] * len(SUITE)
+    want = make(tiny_model_path).generate(prompts, params)
+    eng = make(tiny_model_path, spec)
+    got = eng.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert eng.stats()["spec_decode_num_drafts"] > 0 and eng.stats()["grammar_masks"] > 0
+    stopped = 0
+    for out, (_, check) in zip(got, SUITE):
+        assert out.finish_reason in ("stop", "length"), (out.finish_reason, out.error)
+        if out.finish_reason == "stop":
+            check(out.text)
+            stopped += 1
+    assert stopped >= len(SUITE) // 2
+    alone = make(tiny_model_path, spec)
+    got = alone.generate(prompts[:len(SUITE)], constrained)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want[:len(SUITE)]]
+    assert alone.stats()["spec_decode_num_drafts"] == 0
