@@ -322,7 +322,7 @@ def main() -> None:
     sets, prompts, text_info = eval_tokens(Tokenizer(src), args.ppl_windows, args.ppl_len,
                                               args.prompts, args.prompt_len)
     if args.kv_only:
-        kv = kv_cache_report(src, args, windows, prompts)
+        kv = kv_cache_report(src, args, sets["docstrings"], prompts)
         print(f"\n{machine_note()}; eval text {text_info}")
         write_json(args.json, {"kv_cache": kv, "text": text_info, "args": vars(args)})
         return
@@ -357,8 +357,8 @@ def main() -> None:
             f"{100 * r['greedy_agreement']:.1f}%", r["tok_s_b1"], r["tok_cpu_b1"], r["tok_s_bn"], r["tok_cpu_bn"])
         rows.append((r["variant"], r["dtype"], f"{r['layer_bytes'] / 1e6:.1f}", f"{r['layer_ratio']:.3f}x",
                      f"{r['total_bytes'] / 1e6:.1f}", f"{r['total_ratio']:.3f}x", *cells, *speed))
-    windows = ", ".join(f"{t} {text_info[t]['windows']}" for t in texts)
-    print_table(f"{src.name}: perplexity on windows of {args.ppl_len} held-out tokens ({windows}); "
+    counts = ", ".join(f"{t} {text_info[t]['windows']}" for t in texts)
+    print_table(f"{src.name}: perplexity on windows of {args.ppl_len} held-out tokens ({counts}); "
                 f"docstrings in domain, prose and code out of domain; greedy agreement over "
                 f"{args.prompts} prompts x {args.tokens} tokens; {args.threads} torch thread(s)",
                 rows, ("variant", "act", "layers MB", "vs bf16", "folder MB", "vs bf16",
@@ -384,7 +384,7 @@ def main() -> None:
         print_table("CPU matmuls of one SmolLM2-135M layer (4 projections), ms, bf16 activations unless fp32",
                     cross, ("rows", "dense fp32", "dense bf16", "int8 packed", "w8 dequant+dense",
                             "int4 packed g128", "w4 dequant+dense"))
-    kv = kv_cache_report(src, args, windows, prompts)
+    kv = kv_cache_report(src, args, sets["docstrings"], prompts)
     print(f"\n{machine_note()}; eval text {text_info}")
     for r in results:
         r.pop("tokens", None)
