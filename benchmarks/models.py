@@ -35,10 +35,10 @@ def tiny_prompts(n: int, seed: int) -> list[list[int]]:
 
 
 def text_prompts(path, n: int, seed: int) -> list[list[int]]:
-    from inflight.engine.quant.calibration import calibration_text
+    from inflight.engine.quant.calibration import docstring_text
     from inflight.engine.tokenizer import Tokenizer
 
-    ids = Tokenizer(path).encode(calibration_text()[:200_000])
+    ids = Tokenizer(path).encode(docstring_text()[:200_000])
     rng = random.Random(seed)
     out = []
     for _ in range(n):

@@ -1,6 +1,7 @@
 """Weight-only quantization on the default model: size, quality and CPU speed, per variant.
 
     .venv/bin/python benchmarks/quantization.py [--plot ppl.png] [--json out.json] [--crossover]
+                                                [--variants fp32,w8,w4-g128,w4-g128-gptq] [--quality-only]
 
 Variants: fp32 and bf16 (the source weights), w8 (int8 per channel, round-to-nearest),
 w4 with groups of 128 and 32, each by round-to-nearest and by GPTQ. Quantized folders are
@@ -10,9 +11,14 @@ Quantized variants run with bf16 activations (W8A16 / W4A16).
 For each variant:
 - weight bytes of the quantized layers (the decoder projections) and of the whole folder,
   beside what bf16 takes for the same tensors;
-- perplexity on the held-out text (engine/quant/calibration.py: stdlib docstrings disjoint
-  from the calibration text), in windows of --ppl-len tokens, computed by the engine itself
-  (`Engine.score`, prompt logprobs);
+- perplexity on held-out texts, in windows of --ppl-len tokens, computed by the engine
+  itself (`Engine.score`, prompt logprobs), each beside fp32's: in domain, stdlib
+  docstrings disjoint from the calibration's docstrings; out of domain, English prose the
+  calibration never saw (benchmarks/heldout/prose.txt) and stdlib code stripped of its
+  docstrings and comments (engine/quant/calibration.py); then, per w4 group size and
+  text, the share of round-to-nearest's gap to fp32 that GPTQ closes,
+  (RTN - GPTQ) / (RTN - fp32). GPTQ uses the default calibration (`inflight quantize`
+  without --calib: the model's own chat answers plus docstrings);
 - greedy agreement with fp32: share of the first --tokens output tokens identical, position
   by position, over --prompts prompts (pieces of the held-out text after the perplexity part);
 - CPU decode tok/s at batch 1 and at batch --prompts (the same greedy run): decode steps
@@ -47,12 +53,16 @@ VARIANTS = {  # name: (scheme, group size, method) or None for the source weight
 
 
 def quantized_folder(src: pathlib.Path, name: str) -> pathlib.Path:
+    from inflight.engine.quant.calibration import CALIBRATION_VERSION
     from inflight.engine.quant.config import QuantConfig
     from inflight.engine.quant.quantize import quantize_model
     from inflight.schemas.settings import Settings
 
     scheme, group, method = VARIANTS[name]
-    dest = pathlib.Path(Settings().cache_dir).expanduser() / "quantized" / f"{src.name}-{name}"
+    # a GPTQ folder's name carries the default calibration's version: one made with an
+    # older recipe (e.g. docstrings only, before version 2) is not reused
+    tag = f"-cal{CALIBRATION_VERSION}" if method == "gptq" else ""
+    dest = pathlib.Path(Settings().cache_dir).expanduser() / "quantized" / f"{src.name}-{name}{tag}"
     if not (dest / "config.json").is_file():
         print(f"quantizing {src.name} -> {dest}")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -93,18 +103,39 @@ def weight_bytes(folder: pathlib.Path) -> dict:
             "bf16_total_bytes": bf16_total}
 
 
-def eval_tokens(tokenizer, ppl_windows: int, ppl_len: int, prompts: int, prompt_len: int):
-    from inflight.engine.quant.calibration import evaluation_text, text_digest
+HELDOUT = pathlib.Path(__file__).resolve().parent / "heldout"
 
-    text = evaluation_text()
-    ids = tokenizer.encode(text)
-    need = ppl_windows * ppl_len + prompts * prompt_len
-    if len(ids) < need:
-        raise SystemExit(f"the held-out text has {len(ids)} tokens, {need} needed: lower --ppl-windows")
-    windows = [ids[i * ppl_len:(i + 1) * ppl_len] for i in range(ppl_windows)]
-    start = ppl_windows * ppl_len
-    greedy = [ids[start + i * prompt_len:start + (i + 1) * prompt_len] for i in range(prompts)]
-    return windows, greedy, {"eval_text_sha256_16": text_digest(text), "eval_text_tokens": len(ids)}
+
+def eval_tokens(tokenizer, ppl_windows: int, ppl_len: int, prompts: int, prompt_len: int):
+    """Perplexity windows per evaluation text, greedy prompts, and the texts' provenance.
+
+    - docstrings (in domain): held-out stdlib docstrings, the first `ppl_windows` windows;
+    - prose (out of domain): benchmarks/heldout/prose.txt, every whole window (at most
+      `ppl_windows`);
+    - code (out of domain): stdlib code without docstrings or comments, `ppl_windows`
+      windows evenly spread over it (one file would fill the first ones)."""
+    from inflight.engine.quant.calibration import code_text, evaluation_text, heldout_text, text_digest
+
+    texts = {"docstrings": evaluation_text(), "prose": heldout_text(HELDOUT / "prose.txt"), "code": code_text()}
+    sets, info = {}, {}
+    for name, text in texts.items():
+        ids = tokenizer.encode(text)
+        have = len(ids) // ppl_len
+        info[name] = {"sha256_16": text_digest(text), "tokens": len(ids)}
+        if name == "docstrings":
+            need = ppl_windows * ppl_len + prompts * prompt_len
+            if len(ids) < need:
+                raise SystemExit(f"the held-out docstrings have {len(ids)} tokens, {need} needed: lower --ppl-windows")
+            picks = list(range(ppl_windows))
+            start = ppl_windows * ppl_len
+            greedy = [ids[start + i * prompt_len:start + (i + 1) * prompt_len] for i in range(prompts)]
+        elif name == "prose":
+            picks = list(range(min(have, ppl_windows)))
+        else:
+            picks = [(j * have) // ppl_windows for j in range(min(have, ppl_windows))]
+        sets[name] = [ids[i * ppl_len:(i + 1) * ppl_len] for i in picks]
+        info[name]["windows"] = len(picks)
+    return sets, greedy, info
 
 
 def perplexity(eng, windows) -> tuple[float, float, float]:
@@ -139,7 +170,7 @@ def decode_run(eng, prompts, tokens: int) -> dict:
             "decode_tok_per_cpu_s": decoded / cpu, "decode_wall_s": wall, "total_wall_s": t.elapsed}
 
 
-def run_variant(name, folder, dtype, args, windows, prompts) -> dict:
+def run_variant(name, folder, dtype, args, sets, prompts) -> dict:
     from inflight.engine import Engine, EngineConfig, SamplingParams
 
     eng = Engine(EngineConfig(model=folder, dtype=dtype, max_num_seqs=max(64, args.prompts),
@@ -148,12 +179,17 @@ def run_variant(name, folder, dtype, args, windows, prompts) -> dict:
                               kv_cache_bytes=args.kv_cache_mib << 20, seed=args.seed))
     eng.generate([prompts[0][:16]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     row = {"variant": name, "dtype": dtype, "folder": str(folder)}
-    row["ppl"], row["ppl_wall_s"], row["ppl_cpu_s"] = perplexity(eng, windows)
+    for text, windows in sets.items():
+        row[f"ppl_{text}"], row[f"ppl_{text}_wall_s"], row[f"ppl_{text}_cpu_s"] = perplexity(eng, windows)
+    row["ppl"] = row["ppl_docstrings"]
+    print(f"{name}: ppl " + ", ".join(f"{t} {row[f'ppl_{t}']:.4f}" for t in sets), flush=True)
+    if args.quality_only:
+        return row
     one = decode_run(eng, prompts[:1], args.tokens)
     many = decode_run(eng, prompts, args.tokens)
     row.update(tokens=many["tokens"], tok_s_b1=one["decode_tok_s"], tok_cpu_b1=one["decode_tok_per_cpu_s"],
                tok_s_bn=many["decode_tok_s"], tok_cpu_bn=many["decode_tok_per_cpu_s"])
-    print(f"{name}: ppl {row['ppl']:.4f} ({row['ppl_wall_s']:.0f}s), decode b1 {row['tok_s_b1']:.1f} "
+    print(f"{name}: decode b1 {row['tok_s_b1']:.1f} "
           f"b{args.prompts} {row['tok_s_bn']:.1f} tok/s", flush=True)
     return row
 
@@ -264,6 +300,8 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=48)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--kv-cache-mib", type=int, default=1024)
+    p.add_argument("--quality-only", action="store_true",
+                   help="perplexities and sizes only: no greedy agreement, no decode speed")
     p.add_argument("--crossover", action="store_true", help="also time the CPU matmul paths by rows")
     p.add_argument("--kv-cache-dtypes", default="auto,int8,fp8",
                    help="KV-cache dtypes compared on the source weights ('' = none)")
@@ -281,10 +319,10 @@ def main() -> None:
     if "fp32" not in names:
         names.insert(0, "fp32")  # the reference of greedy agreement
     folders = {n: src if VARIANTS[n] is None else quantized_folder(src, n) for n in names}
-    windows, prompts, text_info = eval_tokens(Tokenizer(src), args.ppl_windows, args.ppl_len,
+    sets, prompts, text_info = eval_tokens(Tokenizer(src), args.ppl_windows, args.ppl_len,
                                               args.prompts, args.prompt_len)
     if args.kv_only:
-        kv = kv_cache_report(src, args, windows, prompts)
+        kv = kv_cache_report(src, args, sets["docstrings"], prompts)
         print(f"\n{machine_note()}; eval text {text_info}")
         write_json(args.json, {"kv_cache": kv, "text": text_info, "args": vars(args)})
         return
@@ -292,54 +330,64 @@ def main() -> None:
     for n in names:
         dtype = n if VARIANTS[n] is None else args.quant_dtype
         dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(dtype, dtype)
-        row = run_variant(n, folders[n], dtype, args, windows, prompts)
+        row = run_variant(n, folders[n], dtype, args, sets, prompts)
         row.update(weight_bytes(folders[n]))
         results.append(row)
 
     by = {r["variant"]: r for r in results}
-    ref_tokens = by["fp32"]["tokens"]
-    base = by.get("bf16")
+    ref = by["fp32"]
+    texts = list(sets)
     src_bytes = weight_bytes(src)
     rows = []
     for r in results:
-        agree = sum(a == b for got, want in zip(r["tokens"], ref_tokens) for a, b in zip(got, want))
-        r["greedy_agreement"] = agree / (len(ref_tokens) * args.tokens)
+        if not args.quality_only:
+            agree = sum(a == b for got, want in zip(r["tokens"], ref["tokens"]) for a, b in zip(got, want))
+            r["greedy_agreement"] = agree / (len(ref["tokens"]) * args.tokens)
         if VARIANTS[r["variant"]] is None:  # source weights held in fp32 or bf16
             scale = 2 if r["variant"] == "fp32" else 1
             r["layer_bytes"] = src_bytes["bf16_layer_bytes"] * scale
             r["total_bytes"] = src_bytes["bf16_total_bytes"] * scale
         r["layer_ratio"] = r["layer_bytes"] / src_bytes["bf16_layer_bytes"]
         r["total_ratio"] = r["total_bytes"] / src_bytes["bf16_total_bytes"]
-        r["ppl_vs_bf16"] = r["ppl"] / base["ppl"] - 1 if base else float("nan")
+        cells = []
+        for t in texts:
+            r[f"ppl_{t}_vs_fp32"] = r[f"ppl_{t}"] / ref[f"ppl_{t}"] - 1
+            cells += [r[f"ppl_{t}"], f"{100 * r[f'ppl_{t}_vs_fp32']:+.2f}%"]
+        speed = ("-",) * 5 if args.quality_only else (
+            f"{100 * r['greedy_agreement']:.1f}%", r["tok_s_b1"], r["tok_cpu_b1"], r["tok_s_bn"], r["tok_cpu_bn"])
         rows.append((r["variant"], r["dtype"], f"{r['layer_bytes'] / 1e6:.1f}", f"{r['layer_ratio']:.3f}x",
-                     f"{r['total_bytes'] / 1e6:.1f}", f"{r['total_ratio']:.3f}x", r["ppl"],
-                     f"{100 * r['ppl_vs_bf16']:+.2f}%", f"{100 * r['greedy_agreement']:.1f}%",
-                     r["tok_s_b1"], r["tok_cpu_b1"], r["tok_s_bn"], r["tok_cpu_bn"]))
-    print_table(f"{src.name}: {args.ppl_windows} x {args.ppl_len} held-out tokens; greedy agreement "
-                f"over {args.prompts} prompts x {args.tokens} tokens; {args.threads} torch thread(s)",
-                rows, ("variant", "act", "layers MB", "vs bf16", "folder MB", "vs bf16", "ppl", "vs bf16",
+                     f"{r['total_bytes'] / 1e6:.1f}", f"{r['total_ratio']:.3f}x", *cells, *speed))
+    counts = ", ".join(f"{t} {text_info[t]['windows']}" for t in texts)
+    print_table(f"{src.name}: perplexity on windows of {args.ppl_len} held-out tokens ({counts}); "
+                f"docstrings in domain, prose and code out of domain; greedy agreement over "
+                f"{args.prompts} prompts x {args.tokens} tokens; {args.threads} torch thread(s)",
+                rows, ("variant", "act", "layers MB", "vs bf16", "folder MB", "vs bf16",
+                       *[c for t in texts for c in (f"ppl {t}", "vs fp32")],
                        "greedy = fp32", "tok/s b1", "tok/CPU s b1", f"tok/s b{args.prompts}",
                        f"tok/CPU s b{args.prompts}"))
     gaps = []
     for g in (128, 32):
         rtn, gptq = by.get(f"w4-g{g}"), by.get(f"w4-g{g}-gptq")
-        if rtn and gptq and base:
-            gap = rtn["ppl"] - base["ppl"]
-            closed = (rtn["ppl"] - gptq["ppl"]) / gap if gap > 0 else float("nan")
-            gaps.append((f"g{g}", base["ppl"], rtn["ppl"], gptq["ppl"], f"{100 * closed:.0f}%"))
+        if rtn and gptq:
+            for t in texts:
+                gap = rtn[f"ppl_{t}"] - ref[f"ppl_{t}"]
+                closed = (rtn[f"ppl_{t}"] - gptq[f"ppl_{t}"]) / gap if gap > 0 else float("nan")
+                gaps.append((f"g{g}", t, "in" if t == "docstrings" else "out", ref[f"ppl_{t}"],
+                             rtn[f"ppl_{t}"], gptq[f"ppl_{t}"], f"{100 * closed:.0f}%"))
     if gaps:
-        print_table("GPTQ: share of round-to-nearest's perplexity gap to bf16 that it closes", gaps,
-                    ("w4 groups", "bf16 ppl", "RTN ppl", "GPTQ ppl", "gap closed"))
+        print_table("GPTQ (default calibration): share of round-to-nearest's perplexity gap to fp32 "
+                    "that it closes, (RTN - GPTQ) / (RTN - fp32)", gaps,
+                    ("w4 groups", "text", "domain", "fp32 ppl", "RTN ppl", "GPTQ ppl", "gap closed"))
     cross = []
     if args.crossover:
         cross = crossover(args.threads)
         print_table("CPU matmuls of one SmolLM2-135M layer (4 projections), ms, bf16 activations unless fp32",
                     cross, ("rows", "dense fp32", "dense bf16", "int8 packed", "w8 dequant+dense",
                             "int4 packed g128", "w4 dequant+dense"))
-    kv = kv_cache_report(src, args, windows, prompts)
+    kv = kv_cache_report(src, args, sets["docstrings"], prompts)
     print(f"\n{machine_note()}; eval text {text_info}")
     for r in results:
-        del r["tokens"]
+        r.pop("tokens", None)
     write_json(args.json, {"results": results, "gptq_gap": gaps, "crossover": cross, "text": text_info,
                            "kv_cache": kv, "args": vars(args)})
     if args.plot:
@@ -354,9 +402,10 @@ def plot(results, path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results:
         ax.scatter(r["total_bytes"] / 1e6, r["ppl"], s=40)
+        ax.scatter(r["total_bytes"] / 1e6, r["ppl_prose"], s=40, marker="x")
         ax.annotate(r["variant"], (r["total_bytes"] / 1e6, r["ppl"]), textcoords="offset points", xytext=(5, 4))
     ax.set_xlabel("weight bytes, whole folder (MB)")
-    ax.set_ylabel("perplexity, held-out stdlib docstrings")
+    ax.set_ylabel("perplexity (o: held-out docstrings, x: prose)")
     ax.set_title("SmolLM2-135M: perplexity vs weight bytes")
     ax.grid(alpha=0.3)
     fig.tight_layout()

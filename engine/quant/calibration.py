@@ -1,11 +1,24 @@
-"""Calibration and evaluation text that ships with every Python: the standard library's
-own docstrings (English prose with some code), read from its source files with `ast`
-(nothing is imported or executed).
+"""GPTQ's calibration windows, and the held-out docstrings the benchmark scores.
 
-- Calibration (GPTQ's Hessians): the docstrings of CALIBRATION_MODULES.
-- Evaluation (perplexity, held out): the docstrings of EVALUATION_MODULES, a disjoint list
-  of files; any docstring that also occurs in the calibration text (e.g. "Return self==value.")
-  is dropped, so no passage is in both.
+The default calibration has two domains, so that the Hessians are not those of one kind of
+text (calibrated on docstrings alone, GPTQ w4 was no better than round-to-nearest on
+English prose):
+
+- the model's own answers to varied chat prompts, through its chat template
+  (engine/quant/self_text.py): GENERATED_SHARE of the windows;
+- the standard library's own docstrings (English prose with some code), read from the
+  source files of CALIBRATION_MODULES with `ast` (nothing is imported or executed).
+
+`--calib FILE` replaces both with the windows of one text file.
+
+Evaluation (perplexity, held out; benchmarks/quantization.py):
+
+- in-domain: the docstrings of EVALUATION_MODULES, a disjoint list of files; any docstring
+  that also occurs in the calibration text (e.g. "Return self==value.") is dropped, so no
+  passage is in both (`evaluation_text`);
+- out of domain: English prose (benchmarks/heldout/prose.txt, `heldout_text`: written for
+  the benchmark, not by any model being quantized, on topics the chat prompts avoid) and
+  the *code* of EVALUATION_MODULES with every docstring and comment removed (`code_text`).
 
 Both lists are fixed; the text itself is that of the running Python's standard library
 (3.11 on the dev box), so `text_digest` is recorded beside every figure and in a quantized
@@ -23,6 +36,10 @@ import sysconfig
 from typing import Callable, Sequence
 
 from inflight.engine.errors import ConfigError
+
+GENERATED_SHARE = 0.75  # of the default calibration windows; the rest are docstrings
+DEFAULT_CALIBRATION = "self-generated+python-stdlib-docstrings"  # config.json's calibration.text
+CALIBRATION_VERSION = 2  # bumped whenever the default calibration's recipe changes
 
 CALIBRATION_MODULES = (
     "typing.py", "argparse.py", "dataclasses.py", "functools.py", "subprocess.py",
@@ -76,12 +93,48 @@ def _collect(modules: tuple[str, ...], exclude: frozenset[str] = frozenset()) ->
     return tuple(out)
 
 
-def calibration_text() -> str:
+def docstring_text() -> str:
     return "\n\n".join(_collect(CALIBRATION_MODULES))
 
 
 def evaluation_text() -> str:
     return "\n\n".join(_collect(EVALUATION_MODULES, frozenset(_collect(CALIBRATION_MODULES))))
+
+
+def code_text() -> str:
+    """The source of EVALUATION_MODULES without docstrings, comments or blank lines: Python
+    code, a domain the calibration sees only in the docstrings' short examples."""
+    root = stdlib_dir()
+    out = []
+    for rel in EVALUATION_MODULES:
+        path = root / rel
+        if not path.is_file():
+            continue
+        source = path.read_text(encoding="utf-8")
+        lines = source.splitlines()
+        drop: set[int] = set()
+        tree = ast.parse(source, filename=str(path))
+        for node in [tree] + [n for n in ast.walk(tree) if isinstance(
+                n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]:
+            body = getattr(node, "body", [])
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                drop.update(range(body[0].lineno - 1, body[0].end_lineno))
+        kept = [ln for i, ln in enumerate(lines) if i not in drop and ln.strip()
+                and not ln.lstrip().startswith("#")]
+        out.append("\n".join(kept))
+    return "\n\n".join(out)
+
+
+def heldout_text(path: str | pathlib.Path) -> str:
+    """A text file of benchmarks/heldout/ without its header (the leading lines that start
+    with '#', which say where the text comes from)."""
+    lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines) and (lines[i].startswith("#") or (i > 0 and not lines[i].strip()
+                                                            and lines[i - 1].startswith("#"))):
+        i += 1
+    return "\n".join(lines[i:]).strip() + "\n"
 
 
 def text_digest(text: str) -> str:
@@ -97,3 +150,20 @@ def token_windows(encode: Callable[[str], Sequence[int]], text: str, num_windows
         raise ConfigError(f"the {what} text has {len(ids)} tokens: {have} windows of {window}, "
                           f"{num_windows} asked; give a longer text (--calib FILE) or fewer/shorter samples")
     return [ids[i * window:(i + 1) * window] for i in range(num_windows)]
+
+
+def default_calibration(folder, encode: Callable[[str], Sequence[int]], num_windows: int,
+                        seq_len: int, *, device: str = "cpu",
+                        progress: Callable[[str], None] = print) -> tuple[list[list[int]], dict]:
+    """The default calibration windows (generated answers first, then docstrings) and
+    their provenance for config.json."""
+    from inflight.engine.quant.self_text import generate_windows
+
+    n_gen = round(num_windows * GENERATED_SHARE)
+    gen = generate_windows(folder, n_gen, seq_len, device=device, progress=progress)
+    text = docstring_text()
+    docs = token_windows(encode, text, num_windows - n_gen, seq_len) if num_windows > n_gen else []
+    info = {"text": DEFAULT_CALIBRATION, "version": CALIBRATION_VERSION, "samples": num_windows, "seq_len": seq_len,
+            "generated": dict(gen.info, windows=n_gen),
+            "docstrings": {"windows": len(docs), "text_sha256_16": text_digest(text)}}
+    return gen.windows + docs, info

@@ -20,12 +20,13 @@ from __future__ import annotations
 import torch
 
 from inflight.engine.quant.config import QuantConfig
-from inflight.engine.quant.rtn import (QuantizedWeight, pack_w4, w4_params, w4_round, w8_round,
+from inflight.engine.quant.rtn import (QuantizedWeight, pack_w4, w4_params_search, w4_round, w8_round,
                               w8_scales)
 from inflight.kernels.quant import num_groups
 
 DAMP = 0.01
 BLOCK = 128
+WEIGHTED_SEARCH = True  # a w4 group's range search weighs each input's error by H's diagonal
 
 
 class HessianAccumulator:
@@ -81,9 +82,11 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, quant: QuantConfig,
     else:
         scales = torch.zeros(n, num_groups(k, g), dtype=torch.float64)
         zeros = torch.zeros_like(scales)
+        energy = torch.diag(h).float() if WEIGHTED_SEARCH else None
         if act_order:
             for gi, start in enumerate(range(0, k, g)):
-                s_, z_ = w4_params(w[:, start:start + g])
+                s_, z_ = w4_params_search(w[:, start:start + g],
+                                          importance=None if energy is None else energy[start:start + g])
                 scales[:, gi], zeros[:, gi] = s_.double(), z_.double()
     perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(k)
     w = w[:, perm]
@@ -104,7 +107,8 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, quant: QuantConfig,
                 di = qi * scale8
             else:
                 if not act_order and col % g == 0:  # a group's first column, updated weights
-                    s_, z_ = w4_params(w1[:, i:i + g])
+                    s_, z_ = w4_params_search(w1[:, i:i + g],
+                                              importance=None if energy is None else energy[col:col + g])
                     scales[:, col // g], zeros[:, col // g] = s_.double(), z_.double()
                 s_, z_ = scales[:, col // g], zeros[:, col // g]
                 qi = w4_round(w1[:, i], s_, z_)

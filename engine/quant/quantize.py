@@ -27,7 +27,7 @@ import torch
 
 from inflight.engine.model import ModelConfig, load_tensors
 from inflight.engine.quant.calibrate import gptq_model
-from inflight.engine.quant.calibration import calibration_text, text_digest, token_windows
+from inflight.engine.quant.calibration import default_calibration, text_digest, token_windows
 from inflight.engine.quant.config import LINEAR_NAMES, QuantConfig
 from inflight.engine.quant.rtn import QuantizedWeight, quantize_w4, quantize_w8
 from inflight.engine.tokenizer import Tokenizer
@@ -35,8 +35,10 @@ from inflight.engine.errors import ConfigError, ModelError
 
 log = logging.getLogger("inflight.quantize")
 
-CALIB_SAMPLES = 128
-CALIB_SEQ_LEN = 256
+# 32,768 tokens in short windows: on SmolLM2-135M, the same tokens cut in 128-token windows
+# closed more of w4's gap out of domain than in 256- or 512-token ones (docs/benchmarks.md)
+CALIB_SAMPLES = 256
+CALIB_SEQ_LEN = 128
 
 
 def _load(folder: pathlib.Path) -> dict[str, torch.Tensor]:
@@ -76,8 +78,8 @@ def quantize_model(src: str | os.PathLike, out: str | os.PathLike, quant: QuantC
                    seq_len: int = CALIB_SEQ_LEN,
                    progress: Callable[[str], None] | None = None, device: str = "cpu") -> pathlib.Path:
     """Quantize the model folder `src` into the new folder `out` and return its path.
-    GPTQ calibrates on `num_samples` windows of `seq_len` tokens of the stdlib docstring
-    text (engine/quant/calibration.py), or of the text file `calib`. `device`: where
+    GPTQ calibrates on `num_samples` windows of `seq_len` tokens: by default the model's own
+    chat answers plus stdlib docstrings (engine/quant/calibration.py), or the text file `calib`. `device`: where
     round-to-nearest runs ("cuda" for big models; GPTQ runs on the CPU)."""
     src, out = pathlib.Path(src), pathlib.Path(out)
     say = progress or log.info
@@ -107,11 +109,16 @@ def quantize_model(src: str | os.PathLike, out: str | os.PathLike, quant: QuantC
         text_path = pathlib.Path(calib) if calib is not None else None
         if text_path is not None and not text_path.is_file():
             raise ConfigError(f"calibration file {text_path} does not exist")
-        text = text_path.read_text(encoding="utf-8") if text_path else calibration_text()
         tok = Tokenizer(src, cfg.eos_token_ids)
-        windows = torch.tensor(token_windows(tok.encode, text, num_samples, seq_len))
-        calibration = {"text": str(text_path) if text_path else "python-stdlib-docstrings",
-                       "text_sha256_16": text_digest(text), "samples": num_samples, "seq_len": seq_len}
+        if text_path is not None:
+            text = text_path.read_text(encoding="utf-8")
+            windows = token_windows(tok.encode, text, num_samples, seq_len)
+            calibration = {"text": str(text_path), "text_sha256_16": text_digest(text),
+                           "samples": num_samples, "seq_len": seq_len}
+        else:
+            windows, calibration = default_calibration(src, tok.encode, num_samples, seq_len,
+                                                       device=device, progress=say)
+        windows = torch.tensor(windows)
         say(f"calibrating on {num_samples} x {seq_len} tokens of {calibration['text']}")
         quantized = gptq_model(tensors.get, cfg, quant, windows, say)
     else:

@@ -159,9 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     qz.add_argument("--method", choices=("rtn", "gptq"), default="rtn",
                     help="rtn: round to nearest; gptq: error-compensating, calibrated on text")
     qz.add_argument("--calib", default=None,
-                    help="gptq: a UTF-8 text file to calibrate on (default: Python stdlib docstrings)")
-    qz.add_argument("--samples", type=int, default=None, help="gptq: calibration windows (128)")
-    qz.add_argument("--seq-len", type=int, default=None, help="gptq: tokens per calibration window (256)")
+                    help="gptq: a UTF-8 text file to calibrate on (default: the model's own answers to varied chat prompts, plus Python stdlib docstrings)")
+    qz.add_argument("--samples", type=int, default=None, help="gptq: calibration windows (256)")
+    qz.add_argument("--seq-len", type=int, default=None, help="gptq: tokens per calibration window (128)")
     qz.add_argument("--json", action="store_true")
     qz.set_defaults(func=cmd_quantize)
 
