@@ -11,6 +11,7 @@ import torch
 from inflight.engine import Engine, EngineConfig, SamplingParams
 from inflight.engine.errors import ConfigError
 from inflight.kernels.kv_quant import SCALE_DTYPE
+from tests.engine.kv_slots import unread_slots
 from tests.tiny_llama import tiny_prompts, write_tiny_llama
 
 N = 16
@@ -95,17 +96,10 @@ def poison_unread_scales(eng) -> None:
     """An 8-bit cache cannot hold a huge value, but its scales can: every slot that holds no
     computed token of a running request and no cached prefix block gets a scale of 1e4
     (rejected drafts' slots, trimmed and free blocks)."""
-    bs = eng.block_size
-    keep = torch.zeros(eng.num_kv_blocks, bs, dtype=torch.bool)
-    for block in eng.kv.pool.blocks:
-        if block.block_hash is not None:
-            keep[block.block_id] = True
-    for req in eng.scheduler.running:
-        for i, block_id in enumerate(req.block_ids):
-            keep[block_id, :min(bs, max(0, req.num_computed_tokens - i * bs))] = True
+    unread = unread_slots(eng)
     for _, _, ks, vs in eng.runner.kv_caches + (eng.runner.draft_kv_caches or []):
-        ks[~keep] = 1.0e4
-        vs[~keep] = 1.0e4
+        ks[unread] = 1.0e4
+        vs[unread] = 1.0e4
 
 
 def run_poisoned(eng, prompts):

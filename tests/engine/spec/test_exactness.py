@@ -6,9 +6,9 @@ rejected drafts is never read (their slots are poisoned after every step)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from inflight.engine import SamplingParams
+from tests.engine.kv_slots import unread_slots
 from tests.engine.spec.conftest import GREEDY, N, drain, make, methods, spec_prompts
 
 POISON = 1.0e4  # finite: a masked read of it weighs nothing, a real read wrecks the output
@@ -18,17 +18,10 @@ def poison_unread_slots(eng) -> None:
     """Overwrite every KV slot (target and draft caches) that holds no computed token of a
     running request and no cached prefix block: rejected drafts' slots, trimmed blocks,
     free blocks."""
-    bs = eng.block_size
-    keep = torch.zeros(eng.num_kv_blocks, bs, dtype=torch.bool)
-    for block in eng.kv.pool.blocks:
-        if block.block_hash is not None:
-            keep[block.block_id] = True
-    for req in eng.scheduler.running:
-        for i, block_id in enumerate(req.block_ids):
-            keep[block_id, :min(bs, max(0, req.num_computed_tokens - i * bs))] = True
+    unread = unread_slots(eng)
     for k, v in eng.runner.kv_caches + (eng.runner.draft_kv_caches or []):
-        k[~keep] = POISON
-        v[~keep] = POISON
+        k[unread] = POISON
+        v[unread] = POISON
 
 
 def run_poisoned(eng, prompts, params):
