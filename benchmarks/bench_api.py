@@ -33,7 +33,7 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from common import ROOT, percentile
+from common import ROOT, percentile, wait_api
 
 import orjson
 import psutil
@@ -178,20 +178,6 @@ def fill(store, owner: str, rows: int, final: bool) -> list[str]:
     return ids
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the API exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError("the API did not become healthy")
-
-
 def row(name: str, lat: list[float], seconds: float, server_cpu: float | None,
         client_cpu: float | None, ok: int) -> list[str]:
     ms = [x * 1000 for x in lat]
@@ -252,7 +238,7 @@ def main() -> int:
                                  "--workers", str(args.workers)], env=env, cwd=str(ROOT))
         server = psutil.Process(proc.pid)
         try:
-            wait_healthy(f"http://127.0.0.1:{port}", proc)
+            wait_api(f"http://127.0.0.1:{port}", proc, 60.0)
             rng = random.Random(1)
 
             # GET /v1/requests/{id}: unfinished rows (every poll reads Postgres), then

@@ -1,14 +1,17 @@
-"""Shared bits of the engine benchmarks: model path, workloads, tables, JSON and plots."""
+"""Shared bits of the benchmarks: model path, workloads, tables, JSON and plots; the
+service benchmarks' settings for another version, process CPU and waiting for an API."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import pathlib
 import platform
 import random
+import subprocess
 import sys
 import time
 import uuid
@@ -135,3 +138,35 @@ def postgres_database(url: str):
         admin.dispose()
 
     return base.set(database=name).render_as_string(hide_password=False), drop
+
+
+def explicit_env(s) -> dict[str, str]:
+    """INFLIGHT_* of the settings this benchmark sets, nothing else: another version's
+    processes keep their own defaults (e.g. the old INFLIGHT_API_MAX_STREAMS)."""
+    from inflight.cli.commands import settings_env
+
+    return {k: v for k, v in settings_env(s).items()
+            if k[len("INFLIGHT_"):].lower() in s.model_fields_set}
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def wait_api(url: str, proc: subprocess.Popen, timeout: float, path: str = "/healthz") -> None:
+    """Until `url + path` answers 200; RuntimeError when the API exits or `timeout` passes."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the API exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + path, timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the API did not answer 200 on {path}")

@@ -27,7 +27,6 @@ Every request: the same chat message, greedy, `--max-tokens` tokens (ignore_eos)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import pathlib
@@ -43,7 +42,7 @@ for p in (str(ROOT / "benchmarks"),):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from common import percentile as pct  # noqa: E402  (benchmarks/common.py)
+from common import explicit_env, percentile as pct, process_cpu, wait_api  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
 PAUSE_S = 0.3   # between rounds: the worker is idle when each request arrives
@@ -51,15 +50,6 @@ PAUSE_S = 0.3   # between rounds: the worker is idle when each request arrives
 
 def ms(values: list[float], q: float) -> float:
     return pct(values, q) * 1000.0
-
-
-def explicit_env(s) -> dict[str, str]:
-    """INFLIGHT_* of the settings this benchmark sets, nothing else: another version's
-    processes keep their own defaults (e.g. the old INFLIGHT_API_MAX_STREAMS)."""
-    from inflight.cli.commands import settings_env
-
-    return {k: v for k, v in settings_env(s).items()
-            if k[len("INFLIGHT_"):].lower() in s.model_fields_set}
 
 
 # --- the engine alone ------------------------------------------------------------------
@@ -104,27 +94,6 @@ def engine_alone(model: str, args) -> dict:
 
 
 # --- the path (run as `--path`, by the interpreter of the version measured) ---------------
-
-def _proc_cpu(pid: int) -> float:
-    import psutil
-
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the API exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError("the API did not become healthy")
-
 
 def _client_round(client, args) -> dict:
     from inflight.schemas import FinalEvent, SamplingParams, TokenEvent
@@ -205,16 +174,16 @@ def path(args) -> dict:
     out: dict = {"python": sys.executable, "log": str(tmp / "procs.log")}
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_http(url, procs["api"])
+        wait_api(url, procs["api"], 120.0)
         http = httpx.Client(base_url=url, timeout=120,
                             headers={"Authorization": f"Bearer {key.token}"})
         for _ in range(args.warmup):  # the group joined, every connection and reader open
             _client_round(client, args)
             _api_round(http, args)
         time.sleep(2.0)
-        cpu0 = {name: _proc_cpu(p.pid) for name, p in procs.items()}
+        cpu0 = {name: process_cpu(p.pid) for name, p in procs.items()}
         time.sleep(args.idle_s)
-        out["idle_cpu"] = {name: (_proc_cpu(p.pid) - cpu0[name]) / args.idle_s
+        out["idle_cpu"] = {name: (process_cpu(p.pid) - cpu0[name]) / args.idle_s
                            for name, p in procs.items()}
         rounds: dict[str, list[dict]] = {"client": [], "api": []}
         for _ in range(args.rounds):

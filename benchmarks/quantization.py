@@ -37,7 +37,6 @@ dequantize-on-the-fly.
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 import time

@@ -52,19 +52,10 @@ for p in (str(ROOT), str(ROOT / "benchmarks")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from common import percentile as pct  # noqa: E402  (benchmarks/common.py)
+from common import explicit_env, percentile as pct, process_cpu, wait_api  # noqa: E402
 
 import orjson  # noqa: E402
 import psutil  # noqa: E402
-
-
-def explicit_env(s) -> dict[str, str]:
-    """INFLIGHT_* of the settings this benchmark sets, nothing else: another version's
-    processes keep their own defaults (e.g. the old INFLIGHT_API_MAX_STREAMS)."""
-    from inflight.cli.commands import settings_env
-
-    return {k: v for k, v in settings_env(s).items()
-            if k[len("INFLIGHT_"):].lower() in s.model_fields_set}
 
 
 # --- the load generator ------------------------------------------------------------------
@@ -194,27 +185,6 @@ class Sampler:
         self._thread.join(5)
 
 
-def cpu_of(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the API exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError("the API did not become ready")
-
-
-# --- one version ----------------------------------------------------------------------------
-
 def run_version(name: str, python: str, args, broker) -> list[dict]:
     from inflight.api.keys import create_key
     from inflight.cli.broker import free_port
@@ -257,16 +227,16 @@ def run_version(name: str, python: str, args, broker) -> list[dict]:
                                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
             try:
                 url = f"http://127.0.0.1:{port}"
-                wait_healthy(url, api)
+                wait_api(url, api, 120.0, "/readyz")
                 asyncio.run(many_streams(port, token, 3, args.max_tokens, 0))   # warm-up
                 time.sleep(1.0)
                 rss0 = psutil.Process(api.pid).memory_info().rss
                 sampler = Sampler(api.pid, port, broker_port, token).start()
-                cpu0, t0 = cpu_of(api.pid), time.time()
+                cpu0, t0 = process_cpu(api.pid), time.time()
                 print(f"{name}: {c} streams ...", file=sys.stderr, flush=True)
                 outs = asyncio.run(many_streams(port, token, c, args.max_tokens,
                                                 args.connect_rate))
-                cpu1, t1 = cpu_of(api.pid), time.time()
+                cpu1, t1 = process_cpu(api.pid), time.time()
                 sampler.stop()
                 rows.append(summarize(name, c, outs, cpu1 - cpu0, t1 - t0, rss0, sampler,
                                       store, t0))

@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import torch
 
+from inflight.kernels.kv_quant import dequantize_kv
+
 
 def _read(cache: torch.Tensor, scales: torch.Tensor | None, *index) -> torch.Tensor:
     """cache[index] in fp32, dequantized when the cache is 8-bit."""
-    x = cache[index].float()
-    return x if scales is None else x * scales[index].float()[..., None]
+    return cache[index].float() if scales is None else dequantize_kv(cache[index], scales[index])
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -105,8 +106,8 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     vs_flat = None if v_scale is None else v_scale.view(nb, bs * Hkv)
 
     def blocks(flat, scales, idx):  # whole blocks idx -> fp32 [len(idx) * bs, Hkv, D]
-        x = flat.index_select(0, idx).view(-1, Hkv, D).float()
-        return x if scales is None else x * scales.index_select(0, idx).view(-1, Hkv, 1).float()
+        x = flat.index_select(0, idx).view(-1, Hkv, D)
+        return x.float() if scales is None else dequantize_kv(x, scales.index_select(0, idx).view(-1, Hkv))
     decodes = [b for b in range(len(lens)) if starts[b + 1] - starts[b] == 1]
     if decodes:
         all_decode = len(decodes) == len(lens)  # then rows of q are sequences 0..B-1

@@ -18,13 +18,12 @@ it with a bare consumer). `install()` clears spent records in line before each
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
 from kafka.consumer import fetcher
 
-log = logging.getLogger("inflight.kafka")
+from inflight.schemas.kafka_wrap import wrap_method
 
 _lock = threading.Lock()
 _MARK = "_inflight_unparks"
@@ -32,22 +31,16 @@ _MARK = "_inflight_unparks"
 
 def install() -> bool:
     """Wrap Fetcher.fetched_records (idempotent); False if kafka-python has changed."""
-    with _lock:
-        cls = fetcher.Fetcher
-        original = getattr(cls, "fetched_records", None)
-        if original is None:
-            log.warning("kafka-python's Fetcher has changed: a paused partition may stall "
-                        "(schemas/kafka_parked.py)")
-            return False
-        if getattr(original, _MARK, False):
-            return True
 
+    def wrap(original: Any) -> Any:
         def fetched_records(self: Any, *args: Any, **kwargs: Any) -> Any:
             current = getattr(self, "_next_partition_records", None)
             if current is not None and not current:  # spent: thrown away, never cleared
                 self._next_partition_records = None
             return original(self, *args, **kwargs)
+        return fetched_records
 
-        setattr(fetched_records, _MARK, True)
-        cls.fetched_records = fetched_records
-        return True
+    with _lock:
+        return wrap_method(fetcher.Fetcher, "fetched_records", wrap, mark=_MARK,
+                           changed="kafka-python's Fetcher has changed: a paused partition "
+                                   "may stall (schemas/kafka_parked.py)")

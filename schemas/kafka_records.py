@@ -42,6 +42,8 @@ from kafka.record import default_records
 from kafka.record.memory_records import MemoryRecords
 from kafka.record.util import decode_varint
 
+from inflight.schemas.kafka_wrap import wrap_method
+
 log = logging.getLogger("inflight.kafka")
 
 _lock = threading.Lock()
@@ -57,54 +59,47 @@ def install() -> bool:
 
 def _install_header_keys() -> bool:
     batch_cls = default_records.DefaultRecordBatch
-    original = getattr(batch_cls, "_read_msg", None)
-    if original is None or not {"_buffer", "_pos"} <= set(batch_cls.__slots__):
-        log.warning("kafka-python's DefaultRecordBatch has changed: records whose header keys "
-                    "are not UTF-8 will stop consumers (schemas/kafka_records.py)")
-        return False
-    if getattr(original, _MARK, False):
-        return True
 
-    def _read_msg(self: Any, *args: Any, **kwargs: Any) -> Any:
-        pos = self._pos  # the strict parse only moves it once the record is read
-        try:
-            return original(self, *args, **kwargs)
-        except UnicodeDecodeError:
-            if self.is_control_batch:
-                raise
-            self._pos = pos
-            return _read_record_leniently(self)
+    def wrap(original: Any) -> Any:
+        def _read_msg(self: Any, *args: Any, **kwargs: Any) -> Any:
+            pos = self._pos  # the strict parse only moves it once the record is read
+            try:
+                return original(self, *args, **kwargs)
+            except UnicodeDecodeError:
+                if self.is_control_batch:
+                    raise
+                self._pos = pos
+                return _read_record_leniently(self)
+        return _read_msg
 
-    setattr(_read_msg, _MARK, True)
-    batch_cls._read_msg = _read_msg
-    return True
+    return wrap_method(batch_cls, "_read_msg", wrap, mark=_MARK,
+                       fits=lambda: {"_buffer", "_pos"} <= set(batch_cls.__slots__),
+                       changed="kafka-python's DefaultRecordBatch has changed: records whose "
+                               "header keys are not UTF-8 will stop consumers "
+                               "(schemas/kafka_records.py)")
 
 
 def _install_batch_skip() -> bool:
     records_cls = getattr(fetcher.Fetcher, "PartitionRecords", None)
-    original = getattr(records_cls, "_unpack_records", None)
-    if original is None or not hasattr(records_cls, "drain"):
-        log.warning("kafka-python's Fetcher.PartitionRecords has changed: a corrupt record "
-                    "batch will stop consumers (schemas/kafka_records.py)")
-        return False
-    if getattr(original, _MARK, False):
-        return True
 
-    def _unpack_records(self: Any, tp: Any, records: Any, *args: Any) -> Any:
-        inner = original(self, tp, records, *args)
-        while True:
-            try:
-                record = next(inner)
-            except StopIteration:
-                return
-            except CorruptRecordError as exc:
-                _skip_corrupt_batch(self, tp, records, exc)
-                return
-            yield record
+    def wrap(original: Any) -> Any:
+        def _unpack_records(self: Any, tp: Any, records: Any, *args: Any) -> Any:
+            inner = original(self, tp, records, *args)
+            while True:
+                try:
+                    record = next(inner)
+                except StopIteration:
+                    return
+                except CorruptRecordError as exc:
+                    _skip_corrupt_batch(self, tp, records, exc)
+                    return
+                yield record
+        return _unpack_records
 
-    setattr(_unpack_records, _MARK, True)
-    records_cls._unpack_records = _unpack_records
-    return True
+    return wrap_method(records_cls, "_unpack_records", wrap, mark=_MARK,
+                       fits=lambda: hasattr(records_cls, "drain"),
+                       changed="kafka-python's Fetcher.PartitionRecords has changed: a corrupt "
+                               "record batch will stop consumers (schemas/kafka_records.py)")
 
 
 def _skip_corrupt_batch(part: Any, tp: Any, records: Any, exc: Exception) -> None:

@@ -26,7 +26,6 @@ from inflight.kernels.quant import num_groups
 
 DAMP = 0.01
 BLOCK = 128
-WEIGHTED_SEARCH = True  # a w4 group's range search weighs each input's error by H's diagonal
 
 
 class HessianAccumulator:
@@ -82,11 +81,11 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, quant: QuantConfig,
     else:
         scales = torch.zeros(n, num_groups(k, g), dtype=torch.float64)
         zeros = torch.zeros_like(scales)
-        energy = torch.diag(h).float() if WEIGHTED_SEARCH else None
+        energy = torch.diag(h).float()  # a w4 group's range search weighs each input's error by it
         if act_order:
             for gi, start in enumerate(range(0, k, g)):
                 s_, z_ = w4_params_search(w[:, start:start + g],
-                                          importance=None if energy is None else energy[start:start + g])
+                                          importance=energy[start:start + g])
                 scales[:, gi], zeros[:, gi] = s_.double(), z_.double()
     perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(k)
     w = w[:, perm]
@@ -108,7 +107,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, quant: QuantConfig,
             else:
                 if not act_order and col % g == 0:  # a group's first column, updated weights
                     s_, z_ = w4_params_search(w1[:, i:i + g],
-                                              importance=None if energy is None else energy[col:col + g])
+                                              importance=energy[col:col + g])
                     scales[:, col // g], zeros[:, col // g] = s_.double(), z_.double()
                 s_, z_ = scales[:, col // g], zeros[:, col // g]
                 qi = w4_round(w1[:, i], s_, z_)

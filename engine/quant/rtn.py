@@ -51,10 +51,18 @@ def w8_round(w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def w4_params(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Asymmetric (scale, zero) per row of one group w [N, g]: the range always holds 0
     (GPTQ's convention), so a zero weight is exact."""
-    lo = w.min(dim=-1).values.clamp(max=0).float()
-    hi = w.max(dim=-1).values.clamp(min=0).float()
-    scale = ((hi - lo) / INT4_MAX).clamp(min=MIN_SCALE).half().float()
-    zero = torch.clamp(torch.round(-lo / scale), 0, INT4_MAX)
+    return _w4_scale_zero(*_w4_range(w))
+
+
+def _w4_range(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of w [N, g]: (lo, hi), the range that holds every weight and 0."""
+    return w.min(dim=-1).values.clamp(max=0).float(), w.max(dim=-1).values.clamp(min=0).float()
+
+
+def _w4_scale_zero(lo: torch.Tensor, hi: torch.Tensor, p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero) of the range p * [lo, hi]; the scale as fp16 stores it."""
+    scale = ((hi - lo) * p / INT4_MAX).clamp(min=MIN_SCALE).half().float()
+    zero = torch.clamp(torch.round(-lo * p / scale), 0, INT4_MAX)
     return scale, zero
 
 
@@ -67,15 +75,12 @@ def w4_params_search(w: torch.Tensor, grid: int = SEARCH_GRID, max_shrink: float
     extreme weights get clipped when that brings the rest closer to the grid; GPTQ's
     error feedback then spreads what clipping costs. `importance` [g] weighs each column's
     error (GPTQ passes the Hessian's diagonal: the inputs' mean energy)."""
-    lo0 = w.min(dim=-1).values.clamp(max=0).float()
-    hi0 = w.max(dim=-1).values.clamp(min=0).float()
+    lo0, hi0 = _w4_range(w)
     wf = w.float()
     best = torch.full_like(lo0, float("inf"))
     scale_best, zero_best = torch.zeros_like(lo0), torch.zeros_like(lo0)
     for i in range(round(max_shrink * grid) + 1):
-        p = 1.0 - i / grid
-        scale = ((hi0 - lo0) * p / INT4_MAX).clamp(min=MIN_SCALE).half().float()
-        zero = torch.clamp(torch.round(-lo0 * p / scale), 0, INT4_MAX)
+        scale, zero = _w4_scale_zero(lo0, hi0, 1.0 - i / grid)
         deq = (w4_round(wf, scale, zero) - zero[:, None]) * scale[:, None]
         err = (deq - wf).abs().pow(norm)
         err = (err if importance is None else err * importance).sum(dim=-1)
