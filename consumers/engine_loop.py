@@ -9,7 +9,7 @@ No Kafka and no JSON happen on this thread. It launches the engine's device work
 makes the engine's device its current device first (`engine.bind_thread()`): CUDA's
 current device is per thread, and a worker on cuda:1 must not launch on device 0. The
 inbox is bounded by the intake's in-flight limit (it admits at most that many requests);
-the publisher takes a bounded number of steps (consumers.handoff.Slots), so a publisher
+the publisher takes a bounded number of steps (consumers.thread_messages.Slots), so a publisher
 that falls behind slows the engine instead of filling memory. The engine then waits for a
 slot in slices of PUBLISH_WAIT_S, never without bound: between them it applies its inbox
 (aborts, adds) and sees halt(); the intake meanwhile admits nothing new and goes on
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from inflight.consumers.handoff import ABORT, ADD, ADD_FAILED, OUTPUTS, Slots
+from inflight.consumers.thread_messages import ABORT, ADD, ADD_FAILED, OUTPUTS, Slots
 from inflight.schemas.errors import InflightError
 
 log = logging.getLogger("inflight.worker")

@@ -40,7 +40,7 @@ from inflight.consumers.cancel import CancelledBatches, CancelListener
 from inflight.consumers.engine_loop import EngineLoop
 from inflight.consumers.engine_bridge import chat_inputs
 from inflight.consumers.engine_metrics import EngineMetrics
-from inflight.consumers.handoff import (ABORTED, ACKED, ADMIT, FINISHED, HAND_BACK, REJECT, Aborted,
+from inflight.consumers.thread_messages import (ABORTED, ACKED, ADMIT, FINISHED, HAND_BACK, REJECT, Aborted,
                                Admitted, Rejected)
 from inflight.consumers.kafka_io import LRUSet, close_without_leaving, group_consumer
 from inflight.consumers.metrics import Metrics

@@ -8,7 +8,7 @@
                     and before the final; only for requests that stream
                  ─► finished: FinalEvent, or an ErrorEvent (+ DLQ copy when the input was
                     at fault) on inflight.results, tracked until Kafka acknowledges it
-    acks (consumers.endings) ─► the ticket's last message acknowledged ─► the intake commits
+    acks (consumers.tracked_sends) ─► the ticket's last message acknowledged ─► the intake commits
 
 NOTE (backpressure): the queue itself is unbounded, and never blocks anyone putting into
 it. The intake's commands are bounded by its own limits (every one belongs to a job it
@@ -18,7 +18,7 @@ publisher is `behind`, and the intake stops admitting (partitions paused) but go
 polling, so a slow or stalled broker never costs the worker its place in the group.
 
 Events are encoded by consumers.event_bytes (orjson on plain values, no pydantic). Endings
-(final events, DLQ copies) are tracked until acknowledged by consumers.endings, which also
+(final events, DLQ copies) are tracked until acknowledged by consumers.tracked_sends, which also
 deals with send failures. Token deltas and status events are not tracked: a lost one is
 counted and logged; streams complete from the final event, which carries the whole text.
 """
@@ -37,8 +37,8 @@ from kafka.partitioner.default import murmur2
 
 from inflight.consumers import event_bytes
 from inflight.consumers.dlq import dlq_headers, dlq_value
-from inflight.consumers.endings import DLQ, FINAL, Ending, Endings, Message
-from inflight.consumers.handoff import (ABORTED, ADD_FAILED, ADMIT, DROPPED, FINISHED, HAND_BACK,
+from inflight.consumers.tracked_sends import DLQ, FINAL, Ending, Endings, Message
+from inflight.consumers.thread_messages import (ABORTED, ADD_FAILED, ADMIT, DROPPED, FINISHED, HAND_BACK,
                                        OUTPUTS, REJECT, STOP, Aborted, Admitted, Rejected, Slots)
 from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.metrics import Metrics
@@ -113,7 +113,7 @@ class EventPublisher:
     @producer.setter
     def producer(self, producer: Any) -> None:
         self._producer = self.endings.producer = producer
-        # confluent (consumers.rd_producer): no Python call per successful untracked send
+        # confluent (transport.librdkafka_producer): no Python call per successful untracked send
         self._send_fast = getattr(producer, "send_untracked", None)
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ Three threads, so the engine never waits on Kafka or JSON:
     watermark commits  ◄───────────────── settled tickets ──┘
 
 (consumers/intake.py, engine_loop.py, publisher.py; what they hand each other:
-consumers/handoff.py.) The in-flight limit bounds the intake's admissions and so the
+consumers/thread_messages.py.) The in-flight limit bounds the intake's admissions and so the
 engine's inbox; the publisher takes a bounded number of engine steps, so a slow broker
 slows the engine instead of filling memory, and stops admission while the intake goes on
 polling (no thread waits on the broker without a short bound: the worker stays in its
@@ -47,7 +47,7 @@ from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.lag import LagProbe
 from inflight.consumers.metrics import Metrics
 from inflight.consumers.publisher import EventPublisher
-from inflight.consumers.rd_producer import results_producer
+from inflight.transport.librdkafka_producer import results_producer
 from inflight.schemas import Settings
 from inflight.schemas.errors import InflightError
 

@@ -38,13 +38,13 @@ from inflight.schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, 
 from inflight.schemas.cancel import batch_cancel, request_cancel
 from inflight.schemas.codec import schema_error
 from inflight.schemas.errors import BrokerError, CapacityError, InflightError, StateError
-from inflight.schemas.kafka_clients import producer
+from inflight.transport.kafka_clients import producer
 from inflight.store import FINAL_STATUSES, BatchRow, FileRow, Store
 
 from inflight.producers import batch_jobs
 from inflight.producers.celery_app import celery_app, send_enqueue
 from inflight.producers.results_reader import ResultsReader
-from inflight.producers.stream import partition_for
+from inflight.transport.partitioner import partition_for
 
 NOT_FOUND = "not_found"
 STREAM_CLOCK_SLACK_S = 5.0   # a submit time of another process: this much earlier (clock skew)

@@ -43,9 +43,9 @@ from typing import Any
 
 from inflight.schemas import SchemaError, Settings, decode_result
 from inflight.schemas.errors import BrokerError, CapacityError
+from inflight.transport.partitioner import partition_for
 
 from inflight.producers.follow import AsyncFollow, Follow, SyncFollow
-from inflight.producers.stream import partition_for
 
 log = logging.getLogger("inflight.results")
 

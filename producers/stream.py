@@ -21,14 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kafka.partitioner.default import murmur2
-
 from inflight.schemas import ErrorEvent, FinalEvent, StatusEvent, TokenEvent
-
-
-def partition_for(key: str, num_partitions: int) -> int:
-    """kafka-python's default partitioner (murmur2, like the Java client)."""
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % num_partitions
 
 
 class StreamAssembler:

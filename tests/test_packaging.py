@@ -41,7 +41,7 @@ for pkg in (inflight.engine, inflight.kernels):
 
 
 def test_the_wire_imports_no_torch():
-    loaded = _loaded_after("import inflight.schemas, inflight.schemas.kafka_clients")
+    loaded = _loaded_after("import inflight.schemas, inflight.transport.kafka_clients")
     assert "pydantic" in loaded and "torch" not in loaded
 
 
@@ -59,7 +59,7 @@ def test_the_wheel_holds_one_top_level_package(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"inflight"}, sorted(top)
-    for sub in ("engine", "kernels", "schemas", "store", "consumers", "producers", "api",
+    for sub in ("engine", "kernels", "schemas", "store", "transport", "consumers", "producers", "api",
                 "migrations", "cli"):
         assert f"inflight/{sub}/__init__.py" in names, sub
     assert "inflight/migrations/alembic.ini" in names and "inflight/migrations/script.py.mako" in names

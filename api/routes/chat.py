@@ -37,7 +37,7 @@ from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQ
                             ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG)
 from inflight.schemas.tool_stream import ToolCallStream
 from inflight.store import queued_row
-from inflight.store.owned import release_request
+from inflight.store.owner_queries import release_request
 
 router = APIRouter(route_class=ApiRoute, tags=["chat"], responses=OPENAI_ERRORS)
 

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from inflight.consumers.engine_bridge import ENGINE_SETTINGS, build_engine, engine_overrides
-from inflight.consumers.handoff import Slots
+from inflight.consumers.thread_messages import Slots
 from inflight.consumers.gpu_claim import claim_gpu
 from inflight.schemas import Settings
 from inflight.schemas.errors import ConfigError

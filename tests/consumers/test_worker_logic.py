@@ -295,7 +295,7 @@ def test_a_final_too_large_for_kafka_becomes_a_small_error_final(broker, tmp_pat
     """Over our own limit (known before sending) and refused by the producer (its
     max_request_size; a broker limit answers the same way, later): either way the request
     ends with a `message_too_large` error final, and the next request still completes."""
-    from inflight.consumers.rd_producer import results_producer
+    from inflight.transport.librdkafka_producer import results_producer
     from inflight.producers.client import Client
 
     settings = make_settings(broker, f"sqlite:///{tmp_path / 'x.db'}", partitions=1,

@@ -112,7 +112,7 @@ def test_worker_engine_on_an_explicit_device(tiny_model_path, prompts, hf_ref, t
     one, greedy tokens equal HF's. cuda:0 goes through the same code as cuda:1."""
     from inflight.consumers.engine_bridge import build_engine
     from inflight.consumers.engine_loop import EngineLoop
-    from inflight.consumers.handoff import OUTPUTS
+    from inflight.consumers.thread_messages import OUTPUTS
     from inflight.schemas import Settings
 
     gc.collect()

@@ -14,7 +14,7 @@ import pytest
 from inflight.schemas import FinalEvent, TokenEvent
 from inflight.schemas.codec import encode
 from inflight.schemas.errors import CapacityError
-from inflight.schemas.kafka_clients import producer
+from inflight.transport.kafka_clients import producer
 
 pytestmark = [pytest.mark.broker]
 

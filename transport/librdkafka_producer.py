@@ -1,5 +1,5 @@
 """The worker's producer: confluent-kafka (librdkafka, in C) behind the few calls of
-kafka-python's KafkaProducer that the publisher makes, so consumers.endings and the tests'
+kafka-python's KafkaProducer that the publisher makes, so consumers.tracked_sends and the tests'
 wrapping producers work with either.
 
     send(topic, key, value, headers, partition) ─► Delivery (add_callback / add_errback / get)
@@ -21,7 +21,7 @@ reports failures only (`delivery.report.only.error`). Status events go there too
 may reach inflight.results after its request's final event: harmless, the store's upsert
 never moves a row back and streams read deltas and finals only.
 
-Errors arrive as kafka-python's exception classes (consumers.endings sorts them into
+Errors arrive as kafka-python's exception classes (consumers.tracked_sends sorts them into
 permanent and transient): a message over `message.max.bytes` is refused in produce()
 (MessageSizeTooLargeError), as kafka-python's max_request_size check does; the broker's
 refusals come back through the delivery callback.
@@ -42,8 +42,8 @@ from kafka.errors import (InvalidRecordError, KafkaError, KafkaTimeoutError,
                           MessageSizeTooLargeError, RecordListTooLargeError,
                           UnsupportedForMessageFormatError)
 
-from inflight.schemas.kafka_clients import producer as kafka_python_producer, producer_config
 from inflight.schemas.settings import Settings
+from inflight.transport.kafka_clients import producer as kafka_python_producer, producer_config
 
 QUEUE_FULL_WAIT_S = 0.05   # produce() on a full local queue: serve callbacks, try again
 MAX_BLOCK_S = 60.0         # ... for at most this long (kafka-python's max_block_ms)
@@ -129,7 +129,7 @@ class RdProducer:
             **settings.rdkafka_common(),
             **producer_config(settings),
             # NOTE: Java's partitioner (and kafka-python's) for keys, should a send come
-            # without a partition; the publisher picks them itself (publisher.key_hash)
+            # without a partition; the publisher picks them itself (transport.partitioner)
             "partitioner": "murmur2_random",
             "logger": logging.getLogger("inflight.rdkafka"),  # not stderr (served in poll)
         }
@@ -201,7 +201,7 @@ class RdProducer:
 
 
 def kafka_error(err: Any) -> KafkaError:
-    """A librdkafka KafkaError as the kafka-python exception consumers.endings sorts on."""
+    """A librdkafka KafkaError as the kafka-python exception consumers.tracked_sends sorts on."""
     code = err.code()
     text = f"{err.name()}: {err.str()}"
     if code == RdError.MSG_SIZE_TOO_LARGE:
@@ -215,4 +215,4 @@ def kafka_error(err: Any) -> KafkaError:
     if code in (RdError._MSG_TIMED_OUT, RdError._TIMED_OUT, RdError._TIMED_OUT_QUEUE,
                 RdError.REQUEST_TIMED_OUT):
         return KafkaTimeoutError(text)
-    return KafkaError(text)  # transient to consumers.endings: sent again with backoff
+    return KafkaError(text)  # transient to consumers.tracked_sends: sent again with backoff

@@ -29,7 +29,7 @@ from kafka.errors import (InvalidRecordError, MessageSizeTooLargeError, RecordLi
 
 from inflight.consumers import event_bytes
 from inflight.consumers.dlq import dlq_value
-from inflight.consumers.handoff import ACKED
+from inflight.consumers.thread_messages import ACKED
 from inflight.consumers.metrics import Metrics
 from inflight.schemas import ERR_INTERNAL, ERR_MESSAGE_TOO_LARGE
 
