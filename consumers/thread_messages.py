@@ -1,13 +1,16 @@
-"""What the worker's three threads hand each other (see consumers/worker.py for the picture).
+"""What the worker's three threads hand each other (see consumers/worker.py for the picture):
+one small frozen dataclass per kind of message, dispatched by its type.
 
-Everything here is built by one thread and only read after it is handed over: no locks
-(but in Slots, which two threads share).
+    intake ──Admitted/Rejected/Aborted/HandBack──► publisher ◄──StepOutputs/AddFailed── engine loop
+       │                                              │                                    ▲
+       └────────────────AddRequest/AbortRequest───────┼────────────────────────────────────┘
+       ▲                                              │
+       ├──────────── Settled(ticket, state) ──────────┘  (finished in the engine; acked; dropped)
+       └── PartitionsRevoked/PartitionsAssigned ── the group consumer's rebalance listener
+                                                   (kafka-python's I/O thread)
 
-    intake ──Admit/Reject/Final/HandBack──► publisher ◄──step outputs── engine loop
-       │                                       │                           ▲
-       └──────────────Add/Abort───────────────-┼───────────────────────────┘
-       ▲                                       │
-       └──────── ticket states ────────────────┘  (finished in the engine; acked; dropped)
+Every message is built by one thread and only read after it is handed over: no locks (but
+in Slots, which two threads share).
 
 A *ticket* numbers one unit of work whose ending settles offsets: an admitted request, or
 a rejected message. An *attempt* names one admission of a request on the wire and in the
@@ -17,12 +20,24 @@ with an earlier, aborting copy of itself.
 
 from __future__ import annotations
 
+import enum
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kafka import TopicPartition
+
+    from inflight.engine.outputs import RequestOutput
+    from inflight.engine.sampling_params import SamplingParams
+
+# A record's headers as kafka-python hands them over (keys escaped if not UTF-8, values
+# None where the producer sent a null).
+Headers = list[tuple[str, bytes | None]]
 
 
-@dataclass(slots=True)
+# -- intake -> publisher ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
 class Admitted:
     """A request the intake admitted; the publisher needs this to write its events."""
 
@@ -35,12 +50,12 @@ class Admitted:
     queued_at: float
     source: str                              # "topic/partition/offset", for DLQ headers
     raw: bytes | None = None                 # the request as received, for the DLQ should the
-    headers: list[tuple[Any, Any]] = field(default_factory=list)  # engine refuse its input
+    headers: Headers = field(default_factory=list)  # engine refuse its input
     key: bytes | None = None
     tools: bool = False                      # read tool calls out of the answer
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Rejected:
     """A message that will not run: an ErrorEvent final, plus its raw copy on the DLQ."""
 
@@ -52,12 +67,12 @@ class Rejected:
     batch_id: str | None
     source: str
     raw: bytes | None                        # None: no DLQ copy (the engine's own failure)
-    headers: list[tuple[Any, Any]] = field(default_factory=list)
+    headers: Headers = field(default_factory=list)
     key: bytes | None = None
     attempt: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Aborted:
     """A request cancelled before it was admitted: an `abort` final without running it."""
 
@@ -69,23 +84,92 @@ class Aborted:
     queued_at: float
 
 
-# Commands on the publisher's queue: (kind, payload).
-ADMIT = "admit"          # Admitted
-OUTPUTS = "outputs"      # list[RequestOutput] of one engine step
-ADD_FAILED = "add_failed"  # (attempt, message): the engine raised in add_request
-REJECT = "reject"        # Rejected
-ABORTED = "aborted"      # Aborted
-HAND_BACK = "hand_back"  # attempt: publish nothing more for it (its partition moved)
-STOP = "stop"            # None: flush, wait for acks (bounded), exit
+@dataclass(frozen=True, slots=True)
+class HandBack:
+    """Publish nothing more for this attempt: its partition moved to another worker."""
 
-# What the publisher reports back to the intake: (ticket, state).
-FINISHED = "finished"    # the engine is done with it (its ending now waits for acks)
-ACKED = "acked"          # every message of its ending acknowledged: its offsets are done
-DROPPED = "dropped"      # handed back: it ended without publishing anything
+    attempt: str
 
-# Commands on the engine loop's inbox.
-ADD = "add"              # (attempt, add_request keyword arguments)
-ABORT = "abort"          # attempt
+
+# -- engine loop -> publisher ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StepOutputs:
+    """One engine step's outputs, as the engine returned them, and when it returned
+    (time.time())."""
+
+    outputs: list[RequestOutput]
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AddFailed:
+    """engine.add_request refused the attempt (InflightError): it ends with an error final."""
+
+    attempt: str
+    message: str
+
+
+# -- worker -> publisher -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StopPublishing:
+    """Flush, wait up to `ack_timeout` seconds for outstanding acknowledgements, exit."""
+
+    ack_timeout: float
+
+
+PublisherCommand = (Admitted | Rejected | Aborted | HandBack | StepOutputs | AddFailed
+                    | StopPublishing)
+
+
+# -- publisher -> intake -----------------------------------------------------------------------
+class TicketState(enum.Enum):
+    FINISHED = "finished"  # the engine is done with it (its ending now waits for acks)
+    ACKED = "acked"        # every message of its ending acknowledged: its offsets are done
+    DROPPED = "dropped"    # handed back: it ended without publishing anything
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    ticket: int
+    state: TicketState
+
+
+# -- intake -> engine loop ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """engine.add_request(attempt, ...) on the engine's thread. `tools`: the tool
+    definitions, for a chat template that renders them (absent otherwise)."""
+
+    attempt: str
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    params: SamplingParams | None = None     # None: the engine's defaults
+    priority: int = 0
+    messages: list[dict[str, Any]] | None = None
+    arrival_time: float | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    attempt: str
+
+
+EngineCommand = AddRequest | AbortRequest
+
+
+# -- the rebalance listener (kafka-python's I/O thread) -> intake ------------------------------
+@dataclass(frozen=True, slots=True)
+class PartitionsRevoked:
+    partitions: set[TopicPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionsAssigned:
+    partitions: set[TopicPartition]
+
+
+Rebalance = PartitionsRevoked | PartitionsAssigned
 
 
 class Slots:
