@@ -31,7 +31,7 @@ class ClaimQueue:
         self._flusher: asyncio.Task | None = None
 
     async def claim(self, row: dict[str, Any], owner: str | None) -> Any:
-        """store.owner_queries.claim_request, grouped: None if this call filed the row, else the
+        """One row of store.owner_queries.claim_requests, grouped: None if this call filed the row, else the
         existing row's view."""
         done = asyncio.get_running_loop().create_future()
         self._pending.append((row, owner, done))

@@ -89,11 +89,6 @@ class ResultsReader:
         self._last_fine = self._last_coarse = 0.0
 
     # -- following (any thread) -------------------------------------------------------------
-    @property
-    def followed(self) -> int:
-        """Follows open now (registered and not closed)."""
-        return self._count
-
     def follow(self, request_id: str, since: float | None = None) -> SyncFollow:
         """Follow one request from a thread. `since`: no event of it was appended before
         this instant (epoch seconds, this host's clock: give a foreign time early enough);
@@ -140,15 +135,6 @@ class ResultsReader:
                                                 daemon=True)
                 self._thread.start()
         return self
-
-    def wait_ready(self, timeout: float) -> bool:
-        """True once the reader has located its partitions (tests, start-up)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._consumer is not None and not self._unresolved:
-                return True
-            time.sleep(0.01)
-        return False
 
     def close(self) -> None:
         with self._lock:

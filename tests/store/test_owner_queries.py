@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from inflight.schemas import FinalEvent, InferenceRequest
 from inflight.store import Store, final_row, queued_row
-from inflight.store.owner_queries import claim_request, claim_requests, release_request, request_view
+from inflight.store.owner_queries import claim_requests, release_request, request_view
+from tests.store.owner_rows import claim_request
 
 
 def test_claim_inserts_once_and_reports_the_existing_row(store: Store):
