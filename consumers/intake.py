@@ -7,6 +7,7 @@ thread-safe: poll, pause/resume, seek and commit all happen here, and nowhere el
       │  slow or stalled broker) and while draining -- polling all along, so the worker
       │  stays in its group; the batch topic while interactive traffic keeps coming
       ├─ settled tickets (Settled, from the publisher) ─► watermark ─► commit on a timer
+      │  (consumers/watermark_commits.py)
       └─ rebalances: forget revoked offsets; hand back work whose partition moved
 
 NOTE (watermark): a ticket is settled only when Kafka acknowledged every message of its
@@ -30,13 +31,9 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import CommitFailedError, KafkaError
-from kafka.structs import OffsetAndMetadata
 
 from inflight.consumers.cancel import CancelledBatches, CancelListener
 from inflight.consumers.engine_loop import EngineLoop
@@ -48,13 +45,12 @@ from inflight.consumers.offsets import OffsetTracker
 from inflight.consumers.thread_messages import (Aborted, Admitted, HandBack, PartitionsAssigned,
                                                 PartitionsRevoked, PublisherCommand, Rebalance,
                                                 Rejected, Settled, TicketState)
+from inflight.consumers.watermark_commits import WatermarkCommits
 from inflight.schemas import ERR_INVALID_REQUEST, SchemaError, Settings, decode_request
 from inflight.schemas.base import ID_RE
 
 log = logging.getLogger("inflight.worker")
 
-COMMIT_EVERY_S = 0.25
-COMMIT_WAIT_MS = 5_000   # commit(wait=True) (shutdown, tests): at most this long
 CANCELS_EVERY_S = 0.1
 POLL_WAIT_MS = 50        # with room: how long a poll may wait for records
 SETTLE_WAIT_S = 0.05     # full (or draining): how long to wait for a settled ticket
@@ -124,11 +120,8 @@ class Intake:
         self._tickets = itertools.count(1)
         self._rebalances: queue.SimpleQueue[Rebalance] = queue.SimpleQueue()
         self._interactive_busy = False
-        self._last_commit = 0.0
         self._next_cancels = 0.0
-        self._commits: queue.SimpleQueue = queue.SimpleQueue()   # async commit outcomes
-        self._commit_in_flight = False
-        self._commit_future: Any = None   # kafka-python's Future of the commit in flight
+        self.commits = WatermarkCommits(self.tracker, metrics)
 
     # -- lifecycle ------------------------------------------------------------------------
     def open(self) -> "Intake":
@@ -192,8 +185,8 @@ class Intake:
                 self._put_back(records)
         else:
             self._receive_all(records)
-        self._commit_outcomes()
-        if time.monotonic() - self._last_commit >= COMMIT_EVERY_S:
+        self.commits.apply_outcomes()
+        if self.commits.due:
             self.commit(wait=False)
         self.metrics.set("in_flight", self.running)
         self.metrics.set("commit_lag", self.tracker.lag)
@@ -361,62 +354,10 @@ class Intake:
                 self.recent.add(job.request_id)
 
     def commit(self, wait: bool = True) -> None:
-        """Commit each owned partition's watermark (a no-op when it has not moved). `wait`:
-        synchronously, for at most COMMIT_WAIT_MS (shutdown, tests); else asynchronously,
-        one commit in flight at a time (the loop: it must never wait on the broker)."""
-        self._last_commit = time.monotonic()
+        """Commit each owned partition's watermark (consumers.watermark_commits); `wait`:
+        synchronously, for at most COMMIT_WAIT_MS (shutdown, tests)."""
         self._handle_rebalances()
-        if self._commit_in_flight:
-            if not wait:
-                return
-            self._await_commit()
-        assigned = self.consumer.assignment()
-        offsets = {tp: off for tp, off in self.tracker.to_commit().items() if tp in assigned}
-        if not offsets:
-            return
-        commit = {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
-        if wait:
-            try:
-                self.consumer.commit(commit, timeout_ms=COMMIT_WAIT_MS)
-            except (CommitFailedError, KafkaError) as exc:
-                log.warning("commit failed (%s); the watermark is committed again later", exc)
-                return
-            self._committed(offsets)
-            return
-        self._commit_in_flight = True
-        done = self._commits.put
-        try:
-            # NOTE: the callback runs on this thread, inside a later poll(); it only enqueues
-            self._commit_future = self.consumer.commit_async(
-                commit, callback=lambda _o, res: done((offsets, res)))
-        except (CommitFailedError, KafkaError) as exc:
-            done((offsets, exc))
-
-    def _commit_outcomes(self) -> None:
-        while True:
-            try:
-                offsets, res = self._commits.get_nowait()
-            except queue.Empty:
-                return
-            self._commit_in_flight = False
-            if isinstance(res, BaseException):
-                log.warning("commit failed (%s); the watermark is committed again later", res)
-            else:
-                self._committed(offsets)
-
-    def _await_commit(self) -> None:
-        """Let the commit in flight reach the broker before a synchronous one (so they land
-        in order); its outcome is applied at a later poll (marking older offsets committed
-        at worst costs one more commit)."""
-        deadline = time.monotonic() + COMMIT_WAIT_MS / 1000
-        fut = self._commit_future
-        while fut is not None and not fut.is_done and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self._commit_in_flight = False
-
-    def _committed(self, offsets: dict) -> None:
-        self.tracker.mark_committed(offsets)
-        self.metrics.inc("commits")
+        self.commits.commit(self.consumer, wait)
 
     # -- rebalances and hand-backs ----------------------------------------------------------
     def _handle_rebalances(self) -> None:
