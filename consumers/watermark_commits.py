@@ -20,6 +20,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import CommitFailedError, KafkaError
+from kafka.future import Future
 from kafka.structs import OffsetAndMetadata
 
 from inflight.consumers.metrics import Metrics
@@ -41,7 +42,7 @@ class WatermarkCommits:
         self.last_commit = 0.0
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._in_flight = False
-        self._future: Any = None   # kafka-python's Future of the commit in flight
+        self._future: Future | None = None   # the commit in flight
 
     @property
     def due(self) -> bool:

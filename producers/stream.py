@@ -19,9 +19,10 @@ Rules (StreamAssembler):
 
 from __future__ import annotations
 
-from typing import Any
-
 from inflight.schemas import ErrorEvent, FinalEvent, StatusEvent, TokenEvent
+
+# what a reader gets from one request's stream
+StreamEvent = TokenEvent | FinalEvent | ErrorEvent
 
 
 class StreamAssembler:
@@ -38,7 +39,7 @@ class StreamAssembler:
         self._index_out = 0                  # index of the next delta given to the reader
         self.done = False
 
-    def feed(self, event: Any) -> list[Any]:
+    def feed(self, event: TokenEvent | StatusEvent | FinalEvent | ErrorEvent) -> list[StreamEvent]:
         """What the reader gets now (maybe nothing); `done` turns True at the final."""
         if self.done or isinstance(event, StatusEvent):
             return []
