@@ -11,11 +11,10 @@ makes the engine's device its current device first (`engine.bind_thread()`): CUD
 current device is per thread, and a worker on cuda:1 must not launch on device 0. The
 inbox is bounded by the intake's in-flight limit (it admits at most that many requests);
 the publisher takes a bounded number of steps (consumers.thread_messages.Slots), so a
-publisher
-that falls behind slows the engine instead of filling memory. The engine then waits for a
-slot in slices of PUBLISH_WAIT_S, never without bound: between them it applies its inbox
-(aborts, adds) and sees halt(); the intake meanwhile admits nothing new and goes on
-polling (consumers.publisher).
+publisher that falls behind slows the engine instead of filling memory. The engine then
+waits for a slot in slices of PUBLISH_WAIT_S, never without bound: between them it applies
+its inbox (aborts, adds) and sees halt(); the intake meanwhile admits nothing new and goes
+on polling (consumers.publisher).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -238,7 +238,10 @@ class EventPublisher:
 
     def _admit(self, job: Admitted) -> None:
         key = job.request_id.encode()
-        st = self.streams[job.attempt] = _Stream(job, key, key_hash(key), job.stream, job.raw)
+        # NOTE: the raw request is kept on the stream alone, so that it is freed at the
+        # first token (the engine took the input: no DLQ copy can be needed any more)
+        st = self.streams[job.attempt] = _Stream(replace(job, raw=None), key, key_hash(key),
+                                                 job.stream, job.raw)
         self._send_untracked(self.topic_results, key, event_bytes.status_event(
             job.request_id, job.attempt, self.worker, job.queued_at),
             self._partition(self.topic_results, st.hash))
