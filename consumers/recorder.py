@@ -224,16 +224,3 @@ class Recorder:
                 log.exception("closing the recorder's consumer failed")
             self.consumer = None
         self.metrics.close()
-
-
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
-    rec = Recorder(Settings())
-    rec.install_signal_handlers()
-    rec.run()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
