@@ -102,14 +102,18 @@ class Worker:
         self.producer = results_producer(s)
         self.publisher.producer = self.producer
         self.intake.open()
+        metrics = ""
         if s.metrics_port is not None:
             port = self.metrics.serve(s.metrics_port, s.metrics_host)
-            log.info("worker metrics on http://%s:%d/metrics", s.metrics_host, port)
+            metrics = f" metrics=http://{s.metrics_host}:{port}/metrics"
             self.lag = LagProbe(s, s.worker_group, [s.topic_requests, s.topic_requests_batch],
                                 self.metrics.registry, s.metrics_lag_interval_s).start()
-        log.info("worker %s (attempts %s.*): group=%s topics=%s,%s max_inflight=%d", self.name,
-                 self.generation, s.worker_group, s.topic_requests, s.topic_requests_batch,
-                 self.max_inflight)
+        config = getattr(self.engine, "config", None)
+        serves = (f"{os.path.basename(str(config.model))} on {config.device} ({config.dtype})"
+                  if config is not None else type(self.engine).__name__)
+        log.info("worker %s serving %s: group=%s topics=%s,%s max_inflight=%d attempts=%s.*%s",
+                 self.name, serves, s.worker_group, s.topic_requests, s.topic_requests_batch,
+                 self.max_inflight, self.generation, metrics)
         return self
 
     def start(self) -> "Worker":

@@ -299,19 +299,19 @@ def register(sub: Any) -> None:
     w = sub.add_parser("worker", help="run a GPU worker (group inflight-workers); every flag "
                                       "wins over its INFLIGHT_* setting")
     _add_worker_flags(w)
-    w.set_defaults(func=cmd_worker)
+    w.set_defaults(func=cmd_worker, extra="worker")
 
     rc = sub.add_parser("recorder", help="run the recorder (results -> store)")
     rc.add_argument("--metrics-port", dest="metrics_port", type=int, default=None,
                     help="Prometheus /metrics on PORT+1 (PORT is the worker's)")
-    rc.set_defaults(func=cmd_recorder)
+    rc.set_defaults(func=cmd_recorder, extra="worker")
 
     d = sub.add_parser("demo", help="the whole path on embedded defaults: broker, worker, recorder, SQLite, SmolLM2")
     d.add_argument("--model", default=None, help="a local Hugging Face folder instead of the bundled model")
     d.add_argument("--max-tokens", type=int, default=24)
     d.add_argument("--data-dir", default=None, help="keep the demo's SQLite here (default: a temp dir)")
     d.add_argument("--json", action="store_true")
-    d.set_defaults(func=demo.run)
+    d.set_defaults(func=demo.run, extra="all")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
