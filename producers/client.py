@@ -453,10 +453,10 @@ class Client:
         batch and hand it to the Celery workers (`inflight jobs`) to validate and enqueue."""
         if (source is None) == (input_file_id is None):
             raise SchemaError("create_batch: give a file to upload or an input_file_id (one)")
+        app = self.celery  # first: no file is stored for a batch that cannot start (no `jobs`)
         from inflight.producers import batch_jobs
         from inflight.producers.celery_app import send_enqueue
 
-        app = self.celery  # before the upload: no file is stored for a batch that cannot start
         if input_file_id is None:
             input_file_id = self.upload_file(source, owner=owner, progress=progress).id  # type: ignore[arg-type]
         b = batch_jobs.create_batch(self.store, input_file_id=input_file_id, endpoint=endpoint,
