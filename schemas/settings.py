@@ -182,6 +182,10 @@ class Settings(BaseSettings):
     api_max_upload_bytes: int = 200_000_000    # one uploaded batch file / message-batch body
     api_max_upload_lines: int = 50_000         # lines (requests) in one batch file
     api_max_line_bytes: int = 1_000_000        # one line of a batch file
+    # a file still `uploading` this long after its upload began was left by a writer that
+    # died (kill -9 mid-write): the API's sweep deletes it with its chunks (every half of
+    # this, at most every minute). Longer than any upload takes.
+    api_upload_grace_s: float = Field(default=3600.0, gt=0.0)
     api_key_cache_s: float = 2.0               # a verified key is re-checked for revocation this often
     api_wait_timeout_s: float = 600.0          # chat completions: wait this long for the final event
     # open streams per process (SSE, streamed and waiting chat/text completions), then 503:
