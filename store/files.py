@@ -34,6 +34,12 @@ def new_file_id() -> str:
     return "file-" + uuid.uuid4().hex
 
 
+def _reclaimed(file_id: str) -> StoreError:
+    return StoreError(f"the upload of {file_id} ran past the grace period of abandoned uploads "
+                      "(INFLIGHT_API_UPLOAD_GRACE_S) and was reclaimed; upload the file again, "
+                      "or raise that setting")
+
+
 class FileQueries:
     """Mixed into store.Store (which provides session())."""
 
@@ -76,9 +82,12 @@ class FileQueries:
                     del buf[:CHUNK_BYTES]
             if buf:
                 flush(bytes(buf))
-        except BaseException:
+        except BaseException as exc:
             # the source failed (a broken upload, a writer that lost its batch): no half file
+            gone = isinstance(exc, StoreError) and not self._file_row(fid)
             self.delete_file(fid)
+            if gone:  # a chunk for a row the sweep took (Postgres: the foreign key says so)
+                raise _reclaimed(fid) from exc
             raise
         lines = newlines + (1 if size and last != b"\n" else 0)
         with self.session() as s:  # type: ignore[attr-defined]
@@ -87,10 +96,12 @@ class FileQueries:
                 status=FILE_UPLOADED, bytes=size, line_count=lines, sha256=digest.hexdigest()))
         if done.rowcount != 1:  # the sweep took it for a dead writer's (reclaim_uploads)
             self.delete_file(fid)
-            raise StoreError(f"the upload of {fid} ran past the grace period of abandoned "
-                             "uploads (INFLIGHT_API_UPLOAD_GRACE_S) and was reclaimed; upload "
-                             "the file again, or raise that setting")
+            raise _reclaimed(fid)
         return self.require_file(fid)
+
+    def _file_row(self, file_id: str) -> bool:
+        with self.session() as s:  # type: ignore[attr-defined]
+            return s.get(FileRow, file_id) is not None
 
     def reclaim_uploads(self, grace_s: float) -> list[str]:
         """Delete every file still `uploading` `grace_s` seconds after its upload began,
