@@ -142,19 +142,27 @@ def make_worker(app: Celery, *, concurrency: int = 2, pool: str = "threads", bea
 
 
 def run_worker(app: Celery, **kw: Any) -> None:
-    """`inflight jobs`: run a worker (make_worker's arguments) until SIGTERM / Ctrl-C; one
-    start line says what it serves (Celery's own start-up lines are left out)."""
+    """`inflight jobs`: run a worker (make_worker's arguments) until SIGTERM / Ctrl-C. Once
+    it takes tasks, one line says what it serves (instead of Celery's own start-up lines)."""
+    from celery.signals import worker_ready
+
     for name in ("celery.apps.worker", "celery.beat", "celery.worker.consumer.connection"):
         logging.getLogger(name).setLevel(logging.WARNING)
     s: Settings = app.inflight_resources.settings  # type: ignore[attr-defined]
     broker = (f"embedded filesystem transport in {embedded_broker_dir(s)}" if not s.celery_broker
               else redact(s.celery_broker))
     root = hasattr(os, "geteuid") and os.geteuid() == 0
-    log.info("jobs: batch tasks of queue %s from %s; store %s; %s x %s%s%s", s.celery_queue,
-             broker, redact(s.database_url), kw.get("concurrency", 2), kw.get("pool", "threads"),
-             f"; sweep every {s.batch_sweep_interval_s:g}s" if kw.get("beat", True) else "",
-             " (as root: it takes JSON messages only, never pickle)" if root else "")
+
+    def ready(**_: Any) -> None:
+        log.info("jobs ready: batch tasks of queue %s from %s; store %s; %s x %s%s%s",
+                 s.celery_queue, broker, redact(s.database_url), kw.get("concurrency", 2),
+                 kw.get("pool", "threads"),
+                 f"; sweep every {s.batch_sweep_interval_s:g}s" if kw.get("beat", True) else "",
+                 " (as root: it takes JSON messages only, never pickle)" if root else "")
+
+    worker_ready.connect(ready, weak=False)
     try:
         make_worker(app, **kw).start()
     finally:
+        worker_ready.disconnect(ready)
         app.inflight_resources.close()  # type: ignore[attr-defined]
