@@ -40,12 +40,14 @@ def package_folders() -> list[Path]:
 
 
 def source_files() -> dict[str, Path]:
-    """{path in the wheel: source file} for every file the source tree ships: each tracked
-    file of a package folder (git's list when there is one, else the folders' files)."""
+    """{path in the wheel: source file} for every file the source tree ships: each file of
+    a package folder that git does not ignore (tracked or new; git's list when there is a
+    repository, else the folders' files)."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", *(p.name for p in package_folders())],
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                              *(p.name for p in package_folders())],
                              cwd=ROOT, capture_output=True, check=True).stdout.decode()
-        files = [ROOT / f for f in out.split("\0") if f]
+        files = [ROOT / f for f in out.split("\0") if f and (ROOT / f).is_file()]
     except (OSError, subprocess.CalledProcessError):
         files = [f for p in package_folders() for f in p.rglob("*") if f.is_file()
                  and "__pycache__" not in f.parts]
