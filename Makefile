@@ -7,9 +7,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv demo test model bench clean
 
-$(STAMP): pyproject.toml
+# every extra (worker, api, jobs) and the test tools, at the exact versions of constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'
+	$(PY) -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[all,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -12,6 +12,7 @@ come from the same store the recorder fills.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -30,6 +31,7 @@ from inflight.api.routes import (batches, chat, completions, files, health, mess
                                  models, requests)
 from inflight.api.served import ServedModels
 from inflight.api.streams import Streams
+from inflight.api.upload_sweep import sweep_uploads
 from inflight.producers import Client
 from inflight.producers.results_reader import ResultsReader
 from inflight.schemas import Settings
@@ -96,9 +98,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                    db_slots=slots,
                                    models=await to_thread.run_sync(ServedModels, settings),
                                    broker=broker)
+        sweep = asyncio.get_running_loop().create_task(
+            sweep_uploads(store, settings.api_upload_grace_s), name="upload-sweep")
         try:
             yield
         finally:
+            sweep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweep
             log.info(metrics.summary())
             await broker.close()
             with contextlib.suppress(InflightError, Exception):
