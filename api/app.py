@@ -90,7 +90,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             broker.failed(unreachable)
         app.state.ctx = ApiContext(settings=settings, store=store, client=client, keys=keys,
                                    streams=Streams(results, metrics,
-                                                   settings.api_wait_timeout_s),
+                                                   settings.api_wait_timeout_s,
+                                                   settings.api_keepalive_s),
                                    metrics=metrics,
                                    finals=FinalAnswers(settings.api_final_cache_bytes),
                                    db_slots=slots,
