@@ -27,7 +27,7 @@ from inflight.api.context import ApiContext, db_slots
 from inflight.api.limits import BodyLimitMiddleware
 from inflight.api.metrics import ApiMetrics, MetricsMiddleware
 from inflight.api.routes import (batches, chat, completions, files, health, message_batches,
-                                 models, requests)
+                                 messages, models, requests)
 from inflight.api.served import ServedModels
 from inflight.api.streams import Streams
 from inflight.producers import Client
@@ -110,10 +110,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="inflight", version=API_VERSION, lifespan=lifespan, debug=False,
                   description="Kafka-driven LLM inference: submit and poll requests, stream "
                               "their tokens, OpenAI-compatible chat completions, files and "
-                              "batches, Anthropic message batches. Every route but /healthz, "
-                              "/readyz and /metrics needs an API key.")
+                              "batches, Anthropic messages and message batches. Every "
+                              "route but /healthz, /readyz and /metrics needs an API key.")
     errors.install(app)
-    for module in (health, models, requests, chat, completions, files, batches, message_batches):
+    for module in (health, models, requests, chat, completions, messages, files, batches,
+                   message_batches):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, body_bytes=settings.api_max_body_bytes,
                        upload_bytes=settings.api_max_upload_bytes)
