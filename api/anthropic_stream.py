@@ -31,7 +31,7 @@ from inflight.api.sse import sse
 from inflight.api.streams import ApiStream
 from inflight.producers import RequestNotFound
 from inflight.schemas import ErrorEvent, FinalEvent, TokenEvent
-from inflight.schemas.anthropic_message import message_id, stop_reason
+from inflight.schemas.anthropic_message import stop_reason
 from inflight.schemas.anthropic_tools import tool_use_id
 from inflight.schemas.tool_stream import ToolCallStream
 
@@ -88,7 +88,7 @@ async def message_events(ctx: ApiContext, rid: str, model: str, stream: ApiStrea
                          calls: ToolCallStream | None) -> AsyncIterator[bytes]:
     """`calls`: the request has tools it may call (module doc)."""
     yield event("message_start", {"message": {
-        "id": message_id(rid), "type": "message", "role": "assistant", "model": model,
+        "id": f"msg_{rid}", "type": "message", "role": "assistant", "model": model,
         "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": 0, "output_tokens": 0}}})
     blocks, text = Blocks(), SentText()

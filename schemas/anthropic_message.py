@@ -24,6 +24,7 @@ from inflight.schemas.tools import parse_tool_calls
 
 
 def message_id(request_id: str) -> str:
+    """A batch request's message id (its request id holds the batch's and the custom id)."""
     return "msg_" + hashlib.sha256(request_id.encode()).hexdigest()[:24]
 
 
@@ -48,12 +49,13 @@ def content_blocks(text: str, request_id: str, *, tools: bool,
 
 def message_object(request_id: str, model: str, *, text: str, finish_reason: str | None,
                    input_tokens: int, output_tokens: int, tools: bool,
-                   stop_sequence: str | None = None) -> dict[str, Any]:
+                   stop_sequence: str | None = None, id: str | None = None) -> dict[str, Any]:
+    """`id`: the message's id (default: message_id(request_id))."""
     cut = finish_reason == "length"
     content = content_blocks(text, request_id, tools=tools, cut=cut)
     called = any(b["type"] == "tool_use" for b in content)
     stop = None if cut or called else stop_sequence
-    return {"id": message_id(request_id), "type": "message", "role": "assistant",
+    return {"id": id or message_id(request_id), "type": "message", "role": "assistant",
             "model": model, "content": content,
             "stop_reason": stop_reason(finish_reason, called=called, stop_sequence=stop),
             "stop_sequence": stop,

@@ -137,8 +137,9 @@ class MessageTokensCount(BaseModel):
 
 
 def message(request_id: str, model: str, final: Any, tools: bool) -> dict[str, Any]:
-    """The Message of a final event; `tools`: the request could call tools."""
-    return message_object(request_id, model, text=final.text,
+    """The Message of a final event; `tools`: the request could call tools. Its id is
+    `msg_<request id>`, so GET /v1/requests/{id} finds the request (as chatcmpl- does)."""
+    return message_object(request_id, model, text=final.text, id=f"msg_{request_id}",
                           finish_reason=final.finish_reason,
                           input_tokens=final.usage.prompt_tokens,
                           output_tokens=final.usage.completion_tokens, tools=tools,

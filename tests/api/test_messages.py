@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from tests.api.test_chat import reference
 from tests.api.test_message_batches import sdk
+from tests.api.test_requests import poll
 from tests.api.test_structured import WEATHER
 
 pytestmark = [pytest.mark.broker]
@@ -26,7 +27,8 @@ TOOLS = [{"name": "weather", "description": "the forecast", "input_schema": WEAT
 
 
 def test_messages_create_matches_the_engine(stack):
-    client = sdk(stack, stack.new_key())
+    key = stack.new_key()
+    client = sdk(stack, key)
     ref = reference(stack.model, CHAT, 10)
     msg = client.messages.create(model="tiny", max_tokens=10, system=SYSTEM, messages=USER,
                                  metadata={"user_id": "u1"}, extra_body=GREEDY)
@@ -36,6 +38,9 @@ def test_messages_create_matches_the_engine(stack):
     assert msg.stop_reason == ("max_tokens" if ref.finish_reason == "length" else "end_turn")
     assert msg.stop_sequence is None
     assert msg.usage.output_tokens == len(ref.token_ids) and msg.usage.input_tokens > 0
+    with stack.http(key) as http:  # a request like any other: pollable by its id
+        stored = poll(http, msg.id.removeprefix("msg_"))
+    assert stored["token_ids"] == ref.token_ids and stored["priority"] == 0
     # system as text blocks, and a multi-turn conversation, are the same prompt as chat's
     turns = [*USER, {"role": "assistant", "content": [{"type": "text", "text": "a"}]},
              {"role": "user", "content": [{"type": "text", "text": "b"}]}]
