@@ -309,8 +309,9 @@ def write_results(store: Store, batch: BatchRow, *, default_model: str, final_st
                 try:
                     outcome = _outcome(row, final_status)
                     if anthropic:
-                        data = orjson.dumps(anthropic_line(cid, rid, row, model=model or default_model,
-                                                           batch_status=final_status, tools=tools))
+                        data = orjson.dumps(anthropic_line(
+                            cid, rid, row, model=model or default_model,
+                            batch_status=final_status, tools=tools))
                         is_error = False
                     else:
                         line, is_error = openai_line(cid, rid, row,

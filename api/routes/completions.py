@@ -2,8 +2,9 @@
 goes (api/routes/chat.py): filed, published at interactive priority, answered from its
 events (api/follow.py) -- one `text_completion` object, or `stream: true` for
 `text_completion` chunks and `[DONE]` (an SSE comment at once and every
-INFLIGHT_API_KEEPALIVE_S while the request waits). The prompt is a string or token ids; `echo` and `logprobs` (the legacy
-object, of the prompt too with echo) are what evaluation harnesses use to score text.
+INFLIGHT_API_KEEPALIVE_S while the request waits). The prompt is a string or token ids;
+`echo` and `logprobs` (the legacy object, of the prompt too with echo) are what
+evaluation harnesses use to score text.
 """
 
 from __future__ import annotations
