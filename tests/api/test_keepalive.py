@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from tests.api.conftest import KEEPALIVE_S, SLOTS
@@ -63,17 +66,44 @@ def _complete(r: dict) -> bool:
     return text.rstrip().endswith("data: [DONE]") and '"finish_reason":"' in text
 
 
-async def _all(url: str, token: str) -> list[dict]:
+def _sdks(url: str, token: str) -> tuple[float, object, object]:
+    """Waiting answers through the SDKs, sent together last (they wait behind the others):
+    their bodies start with keep-alive spaces, which the SDKs' JSON parsing skips."""
+    chat = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0, timeout=300)
+    claude = anthropic.Anthropic(base_url=url, api_key=token, max_retries=0, timeout=300)
+
+    def timed(call):
+        start = time.monotonic()
+        got = call()
+        return time.monotonic() - start, got
+
+    with ThreadPoolExecutor(2) as pool:
+        a = pool.submit(timed, lambda: chat.chat.completions.create(
+            model="tiny", max_tokens=MAX_TOKENS, messages=USER))
+        b = pool.submit(timed, lambda: claude.messages.create(
+            model="tiny", max_tokens=MAX_TOKENS, messages=USER))
+        (t1, done), (t2, msg) = a.result(), b.result()
+    return min(t1, t2), done, msg
+
+
+async def _all(url: str, token: str) -> tuple[list[dict], tuple]:
     kinds = (["chat_stream", "messages", "chat_stream", "messages", "chat_wait"] * N)[:N]
     limits = httpx.Limits(max_connections=N + 10, max_keepalive_connections=N + 10)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300,
                                  headers={"Authorization": f"Bearer {token}"}) as http:
-        return await asyncio.gather(*(_one(http, k, i) for i, k in enumerate(kinds)))
+
+        async def sdks() -> tuple:
+            await asyncio.sleep(RAMP_S)
+            return await asyncio.to_thread(_sdks, url, token)
+
+        *results, by_sdk = await asyncio.gather(*(_one(http, k, i) for i, k in enumerate(kinds)),
+                                                sdks())
+        return results, by_sdk
 
 
 def test_queued_requests_get_a_byte_every_keepalive_interval(queued):
     key = queued.new_key()
-    results = asyncio.run(_all(queued.url, key.token))
+    results, (waited, done, msg) = asyncio.run(_all(queued.url, key.token))
     assert [r["status"] for r in results] == [200] * N
     assert all(_complete(r) for r in results)
     streams = [r for r in results if r["kind"] != "chat_wait"]
@@ -90,3 +120,6 @@ def test_queued_requests_get_a_byte_every_keepalive_interval(queued):
     assert worst_gap <= KEEPALIVE_S + SLACK_S, summary
     # the queue was real: most requests waited past an interval, and were kept alive
     assert sum(r["keepalives"] > 0 for r in results) > N // 2, summary
+    assert done.choices[0].finish_reason in ("stop", "length") and msg.stop_reason
+    # each waited past the interval, so its body began with spaces
+    assert waited > 2 * KEEPALIVE_S, f"the SDK calls did not wait ({waited:.2f}s)"
