@@ -28,7 +28,7 @@ from inflight.api.context import ApiContext, db_slots
 from inflight.api.limits import BodyLimitMiddleware
 from inflight.api.metrics import ApiMetrics, MetricsMiddleware
 from inflight.api.routes import (batches, chat, completions, files, health, message_batches,
-                                 models, requests)
+                                 messages, models, requests)
 from inflight.api.served import ServedModels
 from inflight.api.streams import Streams
 from inflight.api.upload_sweep import sweep_uploads
@@ -92,7 +92,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             broker.failed(unreachable)
         app.state.ctx = ApiContext(settings=settings, store=store, client=client, keys=keys,
                                    streams=Streams(results, metrics,
-                                                   settings.api_wait_timeout_s),
+                                                   settings.api_wait_timeout_s,
+                                                   settings.api_keepalive_s),
                                    metrics=metrics,
                                    finals=FinalAnswers(settings.api_final_cache_bytes),
                                    db_slots=slots,
@@ -116,10 +117,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="inflight", version=API_VERSION, lifespan=lifespan, debug=False,
                   description="Kafka-driven LLM inference: submit and poll requests, stream "
                               "their tokens, OpenAI-compatible chat completions, files and "
-                              "batches, Anthropic message batches. Every route but /healthz, "
-                              "/readyz and /metrics needs an API key.")
+                              "batches, Anthropic messages and message batches. Every "
+                              "route but /healthz, /readyz and /metrics needs an API key.")
     errors.install(app)
-    for module in (health, models, requests, chat, completions, files, batches, message_batches):
+    for module in (health, models, requests, chat, completions, messages, files, batches,
+                   message_batches):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, body_bytes=settings.api_max_body_bytes,
                        upload_bytes=settings.api_max_upload_bytes)

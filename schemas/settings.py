@@ -196,6 +196,12 @@ class Settings(BaseSettings):
     # (a message batch's results_url); None = links relative to the API's root
     api_public_url: str | None = None
     api_publish_timeout_s: float = 10.0        # a submit waits this long for Kafka's ack (then 503)
+    # a request waiting in the queue: streams send a keep-alive (an SSE comment, Anthropic's
+    # `ping`) every this many seconds without an event, and a waiting (not streamed)
+    # completion that has no answer after this long starts its 200 and sends a space every
+    # as long, then its JSON (api_keepalive_waiting=False: not those); 0 = no keep-alive
+    api_keepalive_s: float = Field(default=15.0, ge=0.0)
+    api_keepalive_waiting: bool = True
 
     @field_validator("speculative_config")
     @classmethod

@@ -135,22 +135,28 @@ class FileQueries:
         return row
 
     def list_files(self, *, owner: str | None = None, purpose: str | None = None,
-                   limit: int = 100, after: str | None = None) -> list[FileRow]:
-        """Newest first; page with `after=<last id of the previous page>` (OpenAI's
-        cursor). An `after` that names no file starts from the newest."""
+                   limit: int = 100, after: str | None = None,
+                   order: str = "desc") -> list[FileRow]:
+        """Newest first (`order="asc"`: oldest first); page with `after=<last id of the
+        previous page>` (OpenAI's cursor). An `after` that names no file starts from the
+        first."""
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order {order!r}: use 'asc' or 'desc'")
         q = select(FileRow).where(FileRow.status == FILE_UPLOADED)
         if owner is not None:
             q = q.where(FileRow.owner == owner)
         if purpose is not None:
             q = q.where(FileRow.purpose == purpose)
+        key = tuple_(FileRow.created_at, FileRow.id)
         with self.session() as s:  # type: ignore[attr-defined]
             if after is not None:
                 cursor = s.get(FileRow, after)
                 if cursor is not None:
-                    q = q.where(tuple_(FileRow.created_at, FileRow.id)
-                                < tuple_(cursor.created_at, cursor.id))
-            return list(s.scalars(q.order_by(FileRow.created_at.desc(), FileRow.id.desc())
-                                  .limit(limit)).all())
+                    at = tuple_(cursor.created_at, cursor.id)
+                    q = q.where(key < at if order == "desc" else key > at)
+            by = ((FileRow.created_at.desc(), FileRow.id.desc()) if order == "desc"
+                  else (FileRow.created_at.asc(), FileRow.id.asc()))
+            return list(s.scalars(q.order_by(*by).limit(limit)).all())
 
     def iter_file(self, file_id: str) -> Iterator[bytes]:
         """The file's content, one stored chunk (<= CHUNK_BYTES) at a time."""
