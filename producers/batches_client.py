@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import orjson
 
 from inflight.schemas import SchemaError, Settings
-from inflight.schemas.errors import StateError
+from inflight.schemas.errors import StateError, needs_extra
 from inflight.store import BatchRow, FileRow, Store
 
-from inflight.producers import batch_jobs
-from inflight.producers.batch_context import RequestPublisher
-
+# NOTE: batch jobs (producers.batch_jobs) and Celery (producers.celery_app, the `jobs`
+# extra) load at the first batch call: a pipeline that submits and polls never imports them
 if TYPE_CHECKING:
     from celery import Celery
+
+    from inflight.producers.batch_context import RequestPublisher
 
 
 class BatchesClient:
@@ -46,11 +47,12 @@ class BatchesClient:
 
     @property
     def celery(self) -> Celery:
-        """The Celery app batches are handed to (Celery is imported at the first batch)."""
+        """The Celery app batch tasks are sent with (MissingExtraError without `jobs`)."""
         if self._celery is None:
-            from inflight.producers.celery_app import celery_app
+            with needs_extra("jobs", "sending batch jobs (Client.create_batch)"):
+                from inflight.producers.celery_app import celery_app
 
-            self._celery = celery_app(self.settings)
+                self._celery = celery_app(self.settings)
         return self._celery
 
     def close(self) -> None:
@@ -89,14 +91,16 @@ class BatchesClient:
         batch and hand it to the Celery workers (`inflight jobs`) to validate and enqueue."""
         if (source is None) == (input_file_id is None):
             raise SchemaError("create_batch: give a file to upload or an input_file_id (one)")
+        app = self.celery  # first: no file is stored for a batch that cannot start (no `jobs`)
+        from inflight.producers import batch_jobs
+        from inflight.producers.celery_app import send_enqueue
+
         if input_file_id is None:
             input_file_id = self.upload_file(source, owner=owner, progress=progress).id  # type: ignore[arg-type]
         b = batch_jobs.create_batch(self.store, input_file_id=input_file_id, endpoint=endpoint,
                                     completion_window=completion_window,
                                     metadata=dict(metadata) if metadata else None, owner=owner)
-        from inflight.producers.celery_app import send_enqueue
-
-        send_enqueue(self.celery, b.id)
+        send_enqueue(app, b.id)
         return b
 
     def get_batch(self, batch_id: str) -> BatchRow:
@@ -109,6 +113,8 @@ class BatchesClient:
         return self.store.list_batches(limit=limit, after=after, owner=owner)
 
     def cancel_batch(self, batch_id: str) -> BatchRow:
+        from inflight.producers import batch_jobs
+
         return batch_jobs.cancel_batch(self.store, self.publisher, batch_id)
 
     def wait_batch(self, batch_id: str, timeout: float | None = None,
