@@ -30,7 +30,8 @@ log = logging.getLogger("inflight.recorder")
 Records = dict[TopicPartition, list[tuple[int, Any]]]
 
 
-def recorder_source(settings: Settings, group: str, topics: list[str], max_records: int) -> Any:
+def recorder_source(settings: Settings, group: str, topics: list[str],
+                    max_records: int) -> RdSource | KafkaPythonSource:
     if settings.kafka_recorder_consumer == "kafka-python":
         return KafkaPythonSource(settings, group, topics, max_records)
     return RdSource(settings, group, topics)
