@@ -18,7 +18,7 @@ from inflight.api.cache import FinalAnswers
 from inflight.api.group_commit import ClaimQueue
 from inflight.api.group_read import ViewQueue
 from inflight.api.metrics import ApiMetrics
-from inflight.api.served_models import ServedModels
+from inflight.api.served_models import ApiModels
 from inflight.api.streams import Streams
 from inflight.producers import Client
 from inflight.schemas import InferenceRequest, Settings
@@ -47,7 +47,7 @@ class ApiContext:
     metrics: ApiMetrics
     finals: FinalAnswers
     db_slots: anyio.CapacityLimiter
-    models: ServedModels
+    models: ApiModels
     broker: BrokerHealth
     claims: ClaimQueue = field(init=False)
     views: ViewQueue = field(init=False)

@@ -25,6 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from inflight.api.deps import Caller, Ctx, owns
 from inflight.api.errors import APIError, not_found
+from inflight.api.follow import routed
 from inflight.api.models.errors import OPENAI_ERRORS, SUBMIT_ERRORS
 from inflight.api.models.requests import RequestObject, SubmitRequest, queued_object, request_object
 from inflight.api.responses import json_response
@@ -47,8 +48,9 @@ PathId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
              summary="Submit one inference request")
 async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
     rid = body.request_id or uuid.uuid4().hex
-    req = body.to_wire(rid, ctx.settings.max_prompt_chars)
-    existing = await ctx.claims.claim(queued_row(req), caller.owner)
+    route = ctx.models.resolve(body.model)
+    req = routed(body.to_wire(rid, ctx.settings.max_prompt_chars), route)
+    existing = await ctx.claims.claim(queued_row(req, route.name), caller.owner)
     if existing is not None:
         if caller.owner != existing.owner:  # another key's id (or a Kafka-only one)
             raise APIError(409, f"request_id {rid!r} is already in use; choose another",
@@ -61,7 +63,7 @@ async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
         await ctx.db(release_request, ctx.store, rid, caller.owner)
         raise
     ctx.metrics.inc("submitted")
-    return json_response(queued_object(req), 202)
+    return json_response(queued_object(req, route.name), 202)
 
 
 async def _owned_row(ctx: Ctx, caller: Caller, request_id: str) -> Any:
