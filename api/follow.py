@@ -70,6 +70,7 @@ async def submit(ctx: ApiContext, req: Any, owner: str | None, metric: str,
         raise APIError(500, "request id collision; retry")
     stream = await open_and_publish(ctx, req, owner)
     ctx.metrics.inc(metric)
+    ctx.metrics.submitted(route.name if route is not None else ctx.models.default.name, metric)
     return stream
 
 

@@ -63,6 +63,7 @@ async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
         await ctx.db(release_request, ctx.store, rid, caller.owner)
         raise
     ctx.metrics.inc("submitted")
+    ctx.metrics.submitted(route.name, "submitted")
     return json_response(queued_object(req, route.name), 202)
 
 
