@@ -28,7 +28,7 @@ from inflight.api.responses import json_response
 from inflight.api.streams import ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
 from inflight.producers.models_client import Route
-from inflight.schemas import ErrorEvent, FinalEvent, TokenEvent
+from inflight.schemas import PRIORITY_BATCH, ErrorEvent, FinalEvent, TokenEvent
 from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
                                      ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
                                      ERR_PROMPT_TOO_LONG)
@@ -68,7 +68,8 @@ async def submit(ctx: ApiContext, req: Any, owner: str | None, metric: str,
     existing = await ctx.claims.claim(queued_row(req, route.name if route else None), owner)
     if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
         raise APIError(500, "request id collision; retry")
-    stream = await open_and_publish(ctx, req, owner)
+    stream = await open_and_publish(ctx, req, owner,
+                                    route.topic(req.priority >= PRIORITY_BATCH) if route else None)
     ctx.metrics.inc(metric)
     ctx.metrics.submitted(route.name if route is not None else ctx.models.default.name, metric)
     return stream
@@ -79,7 +80,8 @@ def routed(req: Any, route: Route) -> Any:
     return req if req.model == route.model else req.model_copy(update={"model": route.model})
 
 
-async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None) -> ApiStream:
+async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None,
+                           topic: str | None = None) -> ApiStream:
     """Follow the filed request, then publish it: every event of it lands in the stream,
     so it needs no replay. A refused publish unfiles the request (the client may retry)."""
     try:
@@ -88,7 +90,7 @@ async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None) -> ApiS
         await ctx.db(release_request, ctx.store, req.request_id, owner)
         raise
     try:
-        await ctx.publish(req)
+        await ctx.publish(req, topic)
     except BaseException:
         stream.close()
         await ctx.db(release_request, ctx.store, req.request_id, owner)

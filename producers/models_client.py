@@ -117,6 +117,13 @@ class ModelsClient:
         self._view: dict[str, ServedModel] = {}
         self._view_at = -1.0
         self._warned_defaults: frozenset[str] = frozenset()
+        # NOTE: routing runs per request: what the settings say is worked out once, the
+        # default's live route once per refresh of the view
+        self._default_id = settings.default_model_id()
+        self._default_topics = ModelTopics.default_of(settings)
+        self._settings_default = Route(None, self._default_id, self._default_topics,
+                                       default_context, False)
+        self._live_default_route = self._settings_default
 
     @property
     def reader(self) -> RegistryReader:
@@ -138,6 +145,9 @@ class ModelsClient:
             self._view = aggregate(self.reader.live())
             self._view_at = now
             self._check_defaults()
+            found = self._live_default(self._view)
+            self._live_default_route = self._settings_default if found is None else Route(
+                None, found.id, self._default_topics, found.max_model_len, True)
         return self._view
 
     def models(self) -> list[ServedModel]:
@@ -155,19 +165,19 @@ class ModelsClient:
         """The default model's id: its live workers', else the settings' (INFLIGHT_DEFAULT_MODEL,
         INFLIGHT_SERVED_MODEL_NAME, the folder's name)."""
         found = self._live_default(self.live())
-        return found.id if found is not None else self.settings.default_model_id()
+        return found.id if found is not None else self._default_id
 
     # -- routing ---------------------------------------------------------------------------
     def route(self, model: str | None, *, allow_unserved: bool = False) -> Route:
         """Where a request for `model` goes. ModelNotFoundError when no live worker serves a
         named model (unless `allow_unserved`: its topics by name, for workers to come)."""
-        if model is None or model == DEFAULT_ALIAS or model == self.settings.default_model_id():
+        if model is None or model == DEFAULT_ALIAS or model == self._default_id:
             return self._default_route()
         live = self.live()
         found = live.get(model)
         if found is not None:
             if found.default:
-                return self._default_route(found)
+                return self._live_default_route
             return Route(model, model, found.topics, found.max_model_len, True)
         if allow_unserved:
             return Route(model, model, ModelTopics.of(self.settings, model), None, False)
@@ -183,16 +193,17 @@ class ModelsClient:
     def topics(self, model: str | None) -> ModelTopics:
         """The topics of a request already routed (never raises: an unserved model goes to
         the topics its name gives)."""
+        if model is None:
+            return self._default_topics
         return self.route(model, allow_unserved=True).topics
 
-    def _default_route(self, found: ServedModel | None = None) -> Route:
-        if found is None and self._reader is not None and self._reader.ready:
-            found = self._live_default(self.live())
-        if found is None:
-            return Route(None, self.settings.default_model_id(),
-                         ModelTopics.default_of(self.settings), self.default_context, False)
-        return Route(None, found.id, ModelTopics.default_of(self.settings),
-                     found.max_model_len, True)
+    def _default_route(self) -> Route:
+        """The default model's route: with its live workers' name and context length once
+        the registry is read (a client that never named a model does not read it)."""
+        if self._reader is not None and self._reader.ready:
+            self.live()
+            return self._live_default_route
+        return self._settings_default
 
     def _live_default(self, live: dict[str, ServedModel]) -> ServedModel | None:
         defaults = [m for m in live.values() if m.default and m.parent is None]

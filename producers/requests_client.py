@@ -144,12 +144,15 @@ class RequestsClient:
         """The request topic of the request's model (its batch topic from PRIORITY_BATCH)."""
         return self.models.topics(req.model).for_priority(req.priority >= PRIORITY_BATCH)
 
-    def routed(self, req: InferenceRequest, allow_unserved: bool = False) -> InferenceRequest:
+    def routed(self, req: InferenceRequest,
+               allow_unserved: bool = False) -> tuple[InferenceRequest, str]:
         """The request as its model's workers read it (the default model named by any of
-        its names carries no `model`); ModelNotFoundError for a model no live worker
-        serves, unless `allow_unserved`."""
+        its names carries no `model`) and its topic; ModelNotFoundError for a model no
+        live worker serves, unless `allow_unserved`."""
         route = self.models.route(req.model, allow_unserved=allow_unserved)
-        return req if route.model == req.model else req.model_copy(update={"model": route.model})
+        if route.model != req.model:
+            req = req.model_copy(update={"model": route.model})
+        return req, route.topic(req.priority >= PRIORITY_BATCH)
 
     def submit(self, prompt: Any = None, params: SamplingParams | Mapping | None = None, *,
                messages: list | None = None, request_id: str | None = None,
@@ -168,19 +171,19 @@ class RequestsClient:
                             request_id=request_id, priority=priority, metadata=metadata,
                             batch_id=batch_id, tools=tools, tool_choice=tool_choice,
                             model=model)
-        self._publish(self.routed(req, allow_unserved))
+        self._publish(*self.routed(req, allow_unserved))
         if flush:
             self.flush()
         return req.request_id
 
-    def _publish(self, req: InferenceRequest) -> None:
-        self.send(req)
+    def _publish(self, req: InferenceRequest, topic: str) -> None:
+        self.send(req, topic)
         self._submitted[req.request_id] = req.submitted_at
 
-    def send(self, req: InferenceRequest) -> FutureRecordMetadata:
-        """Publish one request (already routed: `routed`) without flushing or remembering
-        it (long-running servers); returns kafka-python's future, done when Kafka
-        acknowledged the record."""
+    def send(self, req: InferenceRequest, topic: str | None = None) -> FutureRecordMetadata:
+        """Publish one request (already routed: `routed`) to `topic` (None: its model's,
+        `topic_for`) without flushing or remembering it (long-running servers); returns
+        kafka-python's future, done when Kafka acknowledged the record."""
         value = encode(req)
         if len(value) > self.settings.kafka_max_message_bytes:
             raise SchemaError(f"request {req.request_id} is {len(value)} bytes, over the limit "
@@ -188,7 +191,8 @@ class RequestsClient:
                               "(INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten the prompt",
                               request_id=req.request_id, code="message_too_large")
         try:
-            return self.producer.send(self.topic_for(req), key=req.request_id.encode(), value=value)
+            return self.producer.send(topic or self.topic_for(req), key=req.request_id.encode(),
+                                      value=value)
         except KafkaError as exc:
             raise BrokerError(f"publishing {req.request_id} failed: {exc}") from exc
 
@@ -218,7 +222,7 @@ class RequestsClient:
                 req = build_request(item, params, priority=priority, batch_id=batch_id)
                 if model is not None and req.model is None:
                     req = req.model_copy(update={"model": model})
-                self._publish(self.routed(req, allow_unserved))
+                self._publish(*self.routed(req, allow_unserved))
                 ids.append(req.request_id)
                 bar.update(1)
                 if len(ids) % flush_every == 0:

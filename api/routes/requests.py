@@ -34,6 +34,7 @@ from inflight.api.sse import sse, stored_events
 from inflight.api.streams import SSE_HEADERS, SSE_KEEPALIVE, ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
 from inflight.producers.requests_client import STREAM_CLOCK_SLACK_S, STREAM_LOOKBACK_S
+from inflight.schemas import PRIORITY_BATCH
 from inflight.schemas.errors import InflightError
 from inflight.store import FINAL_STATUSES, queued_row
 from inflight.store.owner_queries import release_request
@@ -58,7 +59,7 @@ async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
         ctx.metrics.inc("duplicates")  # the first one is what runs; nothing is sent again
         return json_response(request_object(existing), 202)
     try:
-        await ctx.publish(req)
+        await ctx.publish(req, route.topic(req.priority >= PRIORITY_BATCH))
     except BaseException:
         await ctx.db(release_request, ctx.store, rid, caller.owner)
         raise

@@ -55,7 +55,7 @@ def test_submit_prompt_and_openai_batch_file(cli_env, capsys, tmp_path):
     f = tmp_path / "batch.jsonl"
     f.write_text("\n".join([
         orjson.dumps({"custom_id": "oa-1", "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"model": "x", "messages": [{"role": "user", "content": "hi"}],
+                      "body": {"model": "default", "messages": [{"role": "user", "content": "hi"}],
                                "max_tokens": 7}}).decode(),
         orjson.dumps({"request_id": "own-1", "prompt": "plain line"}).decode(),
         "{broken",
@@ -71,6 +71,26 @@ def test_submit_prompt_and_openai_batch_file(cli_env, capsys, tmp_path):
 
     rc, out = _run(capsys, "cancel", "cli-1")
     assert rc == 0 and "cancel sent" in out
+
+
+def test_submit_names_a_model(cli_env, capsys):
+    """--model: no live worker serves it -> a typed error, exit 2, nothing sent; with
+    --allow-unserved it waits in its own model's topic (transport/model_topics.py)."""
+    from inflight.transport.model_topics import ModelTopics
+
+    s = cli_env
+    rc = _run(capsys, "submit", "hi", "--model", "tiny-z", "--json")[0]
+    assert rc == 2
+    rc, out = _run(capsys, "submit", "hi", "--model", "tiny-z", "--allow-unserved", "--id",
+                   "cli-z", "--json")
+    assert rc == 0 and orjson.loads(out)["request_id"] == "cli-z"
+    rec = read_topic(s, ModelTopics.named(s, "tiny-z").requests, 1)[0]
+    assert orjson.loads(rec.value)["model"] == "tiny-z"
+    rc, out = _run(capsys, "submit", "hi", "--model", "default", "--id", "cli-d", "--json")
+    assert rc == 0  # the default model always takes requests, under any of its names
+    (rec,) = read_topic(s, s.topic_requests, 1)  # today's topic, no model on the wire
+    assert orjson.loads(rec.value)["request_id"] == "cli-d"
+    assert orjson.loads(rec.value)["model"] is None
 
 
 def test_submit_constraint_flags(cli_env, capsys, tmp_path):
