@@ -93,6 +93,38 @@ def test_submit_names_a_model(cli_env, capsys):
     assert orjson.loads(rec.value)["model"] is None
 
 
+def test_models_lists_the_registry_and_topics_create_makes_a_models_topics(cli_env, capsys):
+    import time
+
+    from inflight.schemas.registry import ModelRecord
+    from inflight.transport.model_topics import ModelTopics
+    from inflight.transport.registry_writer import RegistryAnnouncer
+
+    s = cli_env
+    rc, out = _run(capsys, "topics", "create", "--partitions", "1", "--model", "big/one", "--json")
+    made = orjson.loads(out)
+    big = ModelTopics.named(s, "big/one")
+    assert rc == 0 and made[big.requests] == "created" and made[big.batch] == "created"
+    assert made[s.topic_models] == "exists"  # created with the others (compacted)
+    now = time.time()
+    announcer = RegistryAnnouncer(s, [ModelRecord(
+        model="big/one", worker="host:1/abc", requests_topic=big.requests, batch_topic=big.batch,
+        group=big.group, max_model_len=4096, dtype="bfloat16", heartbeat_at=now,
+        heartbeat_s=5.0, started_at=now)])
+    announcer.beat(force=True)
+    rc, out = _run(capsys, "models", "--json")
+    (line,) = [orjson.loads(x) for x in out.splitlines()]
+    assert rc == 0 and line["id"] == "big/one" and line["max_model_len"] == 4096
+    assert line["workers"] == ["host:1/abc"] and line["requests_topic"] == big.requests
+    rc, out = _run(capsys, "models")
+    assert "big/one" in out and "4096" in out and "bfloat16" in out
+    announcer.withdraw()
+    rc, out = _run(capsys, "models")
+    assert rc == 0 and "no model has live workers" in out
+    rc, out = _run(capsys, "models", "--all")
+    assert "big/one" not in out  # withdrawn: gone from the registry, not only stale
+
+
 def test_submit_constraint_flags(cli_env, capsys, tmp_path):
     s = cli_env
     schema = tmp_path / "person.json"
