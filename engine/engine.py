@@ -43,7 +43,7 @@ from inflight.engine.device import DeviceScope, resolve_device
 from inflight.engine.kv_sizing import MemoryProbe
 from inflight.engine.kv_cache_manager import KVCacheManager
 from inflight.engine.logprobs import ScoreOutput, StepLogprobs, TokenLogprob, extend_prompt_logprobs
-from inflight.engine.model_runner import StepHandle
+from inflight.engine.device_step import StepHandle
 from inflight.engine.outputs import RequestOutput
 from inflight.engine.parallel import TensorParallelGroup
 from inflight.engine.request import Request, RequestStatus
@@ -233,8 +233,6 @@ class Engine:
         sched = self._schedule(outputs, drafts)
         if sched.is_empty:
             return outputs
-        if sched.spec_token_ids:
-            sched.draft_probs = self.spec.draft_probs(sched)
         try:
             handle, tokens = self.runner.execute(sched)
         except Exception as exc:  # noqa: BLE001 - one bad pass must not kill the engine's caller

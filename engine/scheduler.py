@@ -42,7 +42,6 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)  # preempted too often
     spec_token_ids: dict[Request, list[int]] = field(default_factory=dict)  # drafts to verify
-    draft_probs: object = None  # [n, K, V] a draft model's q of sampled drafts (set by the engine)
 
     @property
     def total_tokens(self) -> int:

@@ -23,4 +23,5 @@ def build_spec_decoder(config, engine) -> SpecDecoder | None:
         from inflight.engine.spec.draft import DraftProposer
 
         proposer = DraftProposer.for_engine(spec, engine)
+        engine.runner.drafter = proposer  # a verification reads its proposal's q
     return SpecDecoder(spec, proposer, engine.device.type)

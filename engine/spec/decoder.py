@@ -81,15 +81,6 @@ class SpecDecoder:
         drafts = self.proposer.propose(reqs, limits)
         return {r: d for r, d in zip(reqs, drafts) if d}
 
-    def draft_probs(self, sched) -> object:
-        """The draft model's probabilities of the step's sampled drafts ([n, K, V]), or
-        None (greedy drafts, or point-mass proposers: n-gram, suffix)."""
-        get = getattr(self.proposer, "draft_probs", None)
-        if get is None or not sched.spec_token_ids:
-            return None
-        K = max(len(d) for d in sched.spec_token_ids.values())
-        return get(sched.requests, sched.spec_token_ids, K)
-
     def roll_back(self, sched, handle, tokens: list[list[int]], kv, batch) -> None:
         """After a verification step (`tokens`: what each sampler emitted): each request's
         computed count stops after its last accepted draft, so the K/V of rejected drafts

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -171,13 +171,18 @@ class DraftProposer:
             drafts.append(ids)
         return torch.stack(drafts, dim=1), (torch.stack(qs, dim=1) if qs else None)
 
-    def draft_probs(self, requests: list[Request], spec_token_ids: dict, K: int) -> torch.Tensor | None:
-        """q [n, K, V] for a verification step over `requests` (zeros where a request has
-        none), or None when the last proposal sampled nothing."""
+    def prob_rows(self, requests: Sequence[Request], spec_token_ids: dict) -> list[int] | None:
+        """Each of a verification step's requests' row in the last proposal's q (past the
+        end, a zero row, for those without drafts), or None when that proposal sampled
+        nothing (greedy drafts are point masses). The rows go to the device in the step's
+        staged copy (StepLayout.draft_rows)."""
         if self._probs is None:
             return None
+        pad = self._probs.shape[0]
+        return [self._row.get(r, pad) if r in spec_token_ids else pad for r in requests]
+
+    def draft_probs(self, rows: torch.Tensor, K: int) -> torch.Tensor:
+        """q [n, K, V] of a verification step (`rows`: `prob_rows` on the device)."""
         probs = self._probs
-        pad = probs.shape[0]
-        idx = [self._row.get(r, pad) if r in spec_token_ids else pad for r in requests]
         padded = torch.cat([probs, probs.new_zeros((1,) + probs.shape[1:])])
-        return padded[torch.tensor(idx, device=probs.device)][:, :K]
+        return padded[rows][:, :K]
