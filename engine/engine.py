@@ -425,8 +425,8 @@ class Engine:
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 error_code: str | None = None) -> RequestOutput:
-        if self.spec is not None and reason in ("stop", "length"):
-            self.spec.finished(req)
+        if self.spec is not None:
+            self.spec.finished(req, completed=reason in ("stop", "length"))
         self.grammars.discard(req)  # if still compiling
         self.scheduler.remove(req)
         self.runner.remove(req)

@@ -27,11 +27,12 @@ from inflight.engine.spec.stats import SpecStats
 class SpecDecoder:
     def __init__(self, config: SpeculativeConfig, proposer, device_type: str = "cpu"):
         """`proposer.propose(requests, limits) -> drafts per request` (engine/spec/ngram.py,
-        suffix.py, draft.py); `proposer.finished(request)` when one ends."""
+        suffix.py, draft.py); `proposer.finished(request, completed)` when one ends."""
         self.config = config
         self.k = config.num_speculative_tokens
         self.proposer = proposer
         self.stats = SpecStats(self.k)
+        self.lengths: dict[Request, DraftLength] = {}  # each speculating request's own
         cost = config.draft_token_cost
         # costs[d]: a verification of d drafts, in plain decode steps (engine/spec/adaptive.py)
         if cost is not None:
@@ -67,9 +68,9 @@ class SpecDecoder:
             limit = min(self.k, req.max_num_tokens - req.num_tokens - 1)
             if limit <= 0:
                 continue
-            length = req.spec_draft
+            length = self.lengths.get(req)
             if length is None:
-                length = req.spec_draft = DraftLength()
+                length = self.lengths[req] = DraftLength()
             want = length.choose(limit, self.costs)
             if want:
                 reqs.append(req)
@@ -107,8 +108,11 @@ class SpecDecoder:
     def record(self, req: Request, num_drafts: int, num_emitted: int) -> None:
         """One request's verification: `num_drafts` checked, `num_emitted` tokens out."""
         self.stats.record(num_drafts, num_emitted - 1)
-        if req.spec_draft is not None:
-            req.spec_draft.observe(num_drafts, num_emitted - 1)
+        length = self.lengths.get(req)
+        if length is not None:
+            length.observe(num_drafts, num_emitted - 1)
 
-    def finished(self, req: Request) -> None:
-        self.proposer.finished(req)
+    def finished(self, req: Request, completed: bool) -> None:
+        """req ended: forget it (`completed`: by stop or length, not abort or error)."""
+        self.lengths.pop(req, None)
+        self.proposer.finished(req, completed)

@@ -81,7 +81,7 @@ class DraftProposer:
     def for_engine(cls, spec: SpeculativeConfig, engine) -> "DraftProposer":
         return cls(spec, engine.runner, engine.kv)
 
-    def finished(self, req: Request) -> None:
+    def finished(self, req: Request, completed: bool = True) -> None:
         self._row.pop(req, None)
 
     @torch.inference_mode()
