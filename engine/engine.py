@@ -386,11 +386,12 @@ class Engine:
             return "length"
         return None
 
-    def _finish_for(self, req: Request, reason: str) -> RequestOutput:
-        """Finish req for what its last token caused (an error: the grammar refused it)."""
+    def _finish_for(self, req: Request, reason: str, new_token_ids: list[int]) -> RequestOutput:
+        """Finish req for what its last token caused (an error: the grammar refused it,
+        and that token is not reported)."""
         if reason == "error":
-            return self._finish(req, "error", req.error, ERR_ENGINE)
-        return self._finish(req, reason, None)
+            return self._finish(req, "error", req.error, ERR_ENGINE, new_token_ids[:-1])
+        return self._finish(req, reason, None, new_token_ids=new_token_ids)
 
     def _accept_run(self, req: Request, tokens: list[int], now: float,
                     logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
@@ -399,53 +400,37 @@ class Engine:
         for j, token in enumerate(tokens):
             reason = self._append_token(req, token, now, None if logprobs is None else logprobs[j])
             if reason is not None:
-                out = self._finish_for(req, reason)
-                out.new_token_ids = tokens[:j + (reason != "error")]
-                return out
-        delta = req.detok.take_delta(False)
-        return RequestOutput(req.request_id, tokens, delta, tokens, delta, False, None, None,
-                             req.num_prompt_tokens, max(req.num_cached_tokens, 0), [],
-                             req.arrival_time, req.first_token_time, None, req.num_preemptions,
-                             logprobs=logprobs)
+                return self._finish_for(req, reason, tokens[:j + 1])
+        return RequestOutput.delta(req, tokens, req.detok.take_delta(False), logprobs)
 
     def _accept_token(self, req: Request, token: int, now: float,
                       logprob: TokenLogprob | None = None) -> RequestOutput:
         reason = self._append_token(req, token, now, logprob)
         if reason is not None:
-            out = self._finish_for(req, reason)
-            if reason != "error":
-                out.new_token_ids = [token]
-            return out
+            return self._finish_for(req, reason, [token])
         # NOTE: a delta: token_ids/text are the delta too (see RequestOutput)
-        new, delta = [token], req.detok.take_delta(False)
-        return RequestOutput(req.request_id, new, delta, new, delta, False, None, None,
-                             req.num_prompt_tokens, max(req.num_cached_tokens, 0), [],
-                             req.arrival_time, req.first_token_time, None, req.num_preemptions,
-                             logprobs=None if req.logprobs is None else [logprob])
+        return RequestOutput.delta(req, [token], req.detok.take_delta(False),
+                                   None if req.logprobs is None else [logprob])
 
     def _finish(self, req: Request, reason: str, error: str | None,
-                error_code: str | None = None) -> RequestOutput:
+                error_code: str | None = None, new_token_ids: list[int] | None = None) -> RequestOutput:
         if self.spec is not None:
             self.spec.finished(req, completed=reason in ("stop", "length"))
         self.grammars.discard(req)  # if still compiling
         self.scheduler.remove(req)
         self.runner.remove(req)
         self.requests.pop(req.request_id, None)
-        return self._finish_output(req, reason, error, error_code)
+        return self._finish_output(req, reason, error, error_code, new_token_ids)
 
     def _finish_output(self, req: Request, reason: str, error: str | None,
-                       error_code: str | None = None) -> RequestOutput:
+                       error_code: str | None = None,
+                       new_token_ids: list[int] | None = None) -> RequestOutput:
         req.status = RequestStatus.FINISHED
         req.finish_reason, req.error = reason, error
         req.finish_time = time.time()
         delta = req.detok.take_delta(final=True) if req.detok is not None else ""
         text = req.detok.text if req.detok is not None else ""
-        # the request is done: its lists are never changed again, so no copies
-        return RequestOutput(req.request_id, [], delta, req.output_token_ids, text, True,
-                             reason, error, req.num_prompt_tokens, max(req.num_cached_tokens, 0),
-                             req.prompt_token_ids, req.arrival_time, req.first_token_time,
-                             req.finish_time, req.num_preemptions, error_code,
-                             req.logprobs, req.prompt_logprobs)
+        return RequestOutput.final(req, delta, text, new_token_ids or [], error_code)
 
     # -- offline use ------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],

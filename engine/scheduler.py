@@ -33,9 +33,13 @@ from inflight.engine.kv_cache_manager import KVCacheManager
 from inflight.engine.request import Request, RequestStatus
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class SchedulerOutput:
-    """The plan for one step: `requests[i]` gets `num_tokens[i]` new tokens."""
+    """The plan for one step: `requests[i]` gets `num_tokens[i]` new tokens.
+
+    NOTE: filled by `Scheduler.schedule` alone and read-only once returned: the engine
+    and the runner read it and keep what they compute (a draft model's q, the step's
+    inputs) to themselves."""
 
     requests: list[Request] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)
