@@ -58,7 +58,7 @@ from inflight.engine.device_step import (DeviceOutput, DeviceStep, DraftProbs, S
                                          StepHandle, StepOrderError)
 from inflight.engine.input_batch import InputBatch
 from inflight.engine.logprobs import StepLogprobs
-from inflight.engine.model import AttentionMetadata, LlamaModel
+from inflight.engine.model import AttentionMetadata, DecoderModel
 from inflight.engine.request import Request
 from inflight.engine.sampler import SamplingBatch, sample
 from inflight.engine.scheduler import SchedulerOutput
@@ -71,10 +71,10 @@ log = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, block_size: int, seed: int, *,
+    def __init__(self, model: DecoderModel, block_size: int, seed: int, *,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  cuda_graphs: bool = False, poison: bool = False,
-                 stream: torch.cuda.Stream | None = None, draft: LlamaModel | None = None):
+                 stream: torch.cuda.Stream | None = None, draft: DecoderModel | None = None):
         """`cuda_graphs`: run decode-only steps padded on static buffers (recorded as CUDA
         graphs by `capture_graphs`, CUDA only; otherwise they run eagerly on the same
         buffers, and on CPU the block table and step inputs are kept in separate "device"
