@@ -76,7 +76,7 @@ class LogprobShaper:
 ENGINE_SETTINGS = ("device", "dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                    "kv_cache_bytes", "block_size", "enable_prefix_caching", "kernels",
                    "cuda_graphs", "kv_cache_memory_fraction", "tensor_parallel_size",
-                   "speculative_config", "kv_cache_dtype")
+                   "speculative_config", "kv_cache_dtype", "cache_dir")
 
 
 def engine_overrides(settings: Settings, *, max_num_seqs: int | None = None,

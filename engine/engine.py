@@ -100,7 +100,7 @@ class Engine:
         self._gen_ids = itertools.count()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
-        self.spec = build_spec_decoder(config, self)  # None without a speculative_config
+        self.spec = build_spec_decoder(config, self.runner, self.kv)  # None without speculative_config
         # constrained requests whose grammar is compiling (not queued yet)
         self.grammars = GrammarQueue(self.tokenizer, self.model.config.vocab_size, self.runner)
 

@@ -101,6 +101,7 @@ class ModelRunner:
         self.generator.manual_seed(seed)
         self.vocab_size = model.config.vocab_size
         self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
         max_blocks = -(-model.max_model_len // block_size)
         separate = cuda_graphs or self.cuda
         self.batch = InputBatch(max_num_seqs, max_blocks, self.device, poison=poison,

@@ -17,30 +17,42 @@ A running request speculates in a step when all of these hold:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 from inflight.engine.request import Request, RequestStatus
-from inflight.engine.spec.adaptive import DraftLength, extended_costs, linear_costs
-from inflight.engine.spec.config import (CPU_VERIFY_COST_SLOPE, CPU_VERIFY_COSTS, CUDA_DRAFT_TOKEN_COST,
-                                         SpeculativeConfig)
+from inflight.engine.spec.adaptive import DraftLength
+from inflight.engine.spec.config import SpeculativeConfig
 from inflight.engine.spec.stats import SpecStats
+
+if TYPE_CHECKING:
+    from inflight.engine.device_step import StepHandle
+    from inflight.engine.input_batch import InputBatch
+    from inflight.engine.kv_cache_manager import KVCacheManager
+    from inflight.engine.scheduler import SchedulerOutput
+
+
+class Proposer(Protocol):
+    """Drafts for each request, at most limits[i] tokens each (ngram.py, suffix.py, draft.py)."""
+
+    def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int]]: ...
+
+    def finished(self, req: Request, completed: bool = True) -> None: ...
 
 
 class SpecDecoder:
-    def __init__(self, config: SpeculativeConfig, proposer, device_type: str = "cpu"):
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, costs: list[float]):
         """`proposer.propose(requests, limits) -> drafts per request` (engine/spec/ngram.py,
-        suffix.py, draft.py); `proposer.finished(request, completed)` when one ends."""
+        suffix.py, draft.py); `proposer.finished(request, completed)` when one ends.
+        `costs[d]`: what a verification of d drafts costs, in plain decode steps, d <= k
+        (engine/spec/verify_costs.py, or adaptive.linear_costs for a fixed cost)."""
         self.config = config
         self.k = config.num_speculative_tokens
         self.proposer = proposer
         self.stats = SpecStats(self.k)
         self.lengths: dict[Request, DraftLength] = {}  # each speculating request's own
-        cost = config.draft_token_cost
-        # costs[d]: a verification of d drafts, in plain decode steps (engine/spec/adaptive.py)
-        if cost is not None:
-            self.costs = linear_costs(self.k, cost)
-        elif device_type == "cpu":
-            self.costs = extended_costs(self.k, CPU_VERIFY_COSTS, CPU_VERIFY_COST_SLOPE)
-        else:
-            self.costs = linear_costs(self.k, CUDA_DRAFT_TOKEN_COST)
+        if len(costs) != self.k + 1:
+            raise ValueError(f"costs for 0..{self.k} drafts expected, got {len(costs)}")
+        self.costs = costs
 
     def enabled_for(self, req: Request) -> bool:
         on = req.params.speculative
@@ -82,7 +94,8 @@ class SpecDecoder:
         drafts = self.proposer.propose(reqs, limits)
         return {r: d for r, d in zip(reqs, drafts) if d}
 
-    def roll_back(self, sched, handle, tokens: list[list[int]], kv, batch) -> None:
+    def roll_back(self, sched: SchedulerOutput, handle: StepHandle, tokens: list[list[int]],
+                  kv: KVCacheManager, batch: InputBatch) -> None:
         """After a verification step (`tokens`: what each sampler emitted): each request's
         computed count stops after its last accepted draft, so the K/V of rejected drafts
         is never read (the next step writes over those slots), and blocks holding only

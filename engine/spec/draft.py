@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +33,10 @@ from inflight.engine.request import Request
 from inflight.engine.sampler import SamplingBatch
 from inflight.engine.spec.config import SpeculativeConfig
 from inflight.engine.spec.rejection import target_probs
+
+if TYPE_CHECKING:
+    from inflight.engine.kv_cache_manager import KVCacheManager
+    from inflight.engine.model_runner import ModelRunner
 
 
 def _vocab(folder: pathlib.Path) -> dict[str, int]:
@@ -69,17 +73,13 @@ def load_draft_model(spec: SpeculativeConfig, target_folder: pathlib.Path, targe
 
 
 class DraftProposer:
-    def __init__(self, spec: SpeculativeConfig, runner, kv):
+    def __init__(self, spec: SpeculativeConfig, runner: ModelRunner, kv: KVCacheManager):
         self.k = spec.num_speculative_tokens
         self.runner = runner
         self.kv = kv
         self.model = runner.draft
         self._probs: torch.Tensor | None = None   # [B, K, V] q of the last proposal (sampling rows)
         self._row: dict[Request, int] = {}        # request -> its row in _probs
-
-    @classmethod
-    def for_engine(cls, spec: SpeculativeConfig, engine) -> "DraftProposer":
-        return cls(spec, engine.runner, engine.kv)
 
     def finished(self, req: Request, completed: bool = True) -> None:
         self._row.pop(req, None)
