@@ -84,7 +84,7 @@ class KVCacheManager:
         out: set[BlockHash] = set()
         bs = self.block_size
         for req in requests:
-            registered = self._registered.get(req.request_id, 0)
+            registered = self.num_registered_blocks(req)
             first = min(registered, req.num_computed_tokens // bs)
             if req.num_tokens - req.num_computed_tokens > bs or \
                     req.num_computed_tokens // bs > registered:
@@ -108,7 +108,7 @@ class KVCacheManager:
             return
         done = req.num_computed_tokens if num_tokens is None else min(num_tokens, req.num_computed_tokens)
         n_full = done // self.block_size
-        registered = self._registered.get(req.request_id, 0)
+        registered = self.num_registered_blocks(req)
         if n_full <= registered:
             return
         self._update_hashes(req)
