@@ -209,7 +209,7 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
     env = {**os.environ, **settings_env(s), "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     report_path = pathlib.Path(tempfile.mkdtemp(prefix="inflight-bench-")) / "worker.json"
     log = open(report_path.with_suffix(".log"), "wb")
-    recorder = subprocess.Popen([sys.executable, "-m", "inflight.consumers.recorder"], cwd=tree, env=env,
+    recorder = subprocess.Popen([sys.executable, "-m", "inflight", "recorder"], cwd=tree, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
     worker = subprocess.Popen(
         [sys.executable, str(ROOT / "benchmarks" / "synthetic_worker.py"), "--report",

@@ -52,6 +52,8 @@ def final_event(request_id: str, attempt: str, out: Any, *, worker: str,
         event["prompt_logprobs"] = prompt_logprobs
     if tool_calls is not None:
         event["tool_calls"] = tool_calls
+    if getattr(out, "stop_reason", None) is not None:
+        event["stop_reason"] = out.stop_reason
     return orjson.dumps(event)
 
 

@@ -25,7 +25,8 @@ new is admitted, partitions stay paused but polled (rebalances go on), what runs
 within INFLIGHT_WORKER_DRAIN_TIMEOUT_S or is handed back uncommitted. The worker never
 talks to the database.
 
-Run it: `inflight worker` or `python -m inflight.consumers.worker` (settings from INFLIGHT_*).
+Run it: `inflight worker` (settings from INFLIGHT_*, its flags over them; the engine's
+config from consumers.engine_bridge.engine_config).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import time
 import uuid
 from typing import Any
 
-from inflight.consumers.engine_bridge import LogprobShaper, build_engine
+from inflight.consumers.engine_bridge import LogprobShaper
 from inflight.consumers.engine_loop import EngineLike, EngineLoop
 from inflight.consumers.intake import Intake
 from inflight.consumers.engine_metrics import EngineMetrics
@@ -101,14 +102,18 @@ class Worker:
         self.producer = results_producer(s)
         self.publisher.producer = self.producer
         self.intake.open()
+        metrics = ""
         if s.metrics_port is not None:
             port = self.metrics.serve(s.metrics_port, s.metrics_host)
-            log.info("worker metrics on http://%s:%d/metrics", s.metrics_host, port)
+            metrics = f" metrics=http://{s.metrics_host}:{port}/metrics"
             self.lag = LagProbe(s, s.worker_group, [s.topic_requests, s.topic_requests_batch],
                                 self.metrics.registry, s.metrics_lag_interval_s).start()
-        log.info("worker %s (attempts %s.*): group=%s topics=%s,%s max_inflight=%d", self.name,
-                 self.generation, s.worker_group, s.topic_requests, s.topic_requests_batch,
-                 self.max_inflight)
+        config = getattr(self.engine, "config", None)
+        serves = (f"{os.path.basename(str(config.model))} on {config.device} ({config.dtype})"
+                  if config is not None else type(self.engine).__name__)
+        log.info("worker %s serving %s: group=%s topics=%s,%s max_inflight=%d attempts=%s.*%s",
+                 self.name, serves, s.worker_group, s.topic_requests, s.topic_requests_batch,
+                 self.max_inflight, self.generation, metrics)
         return self
 
     def start(self) -> "Worker":
@@ -189,28 +194,9 @@ class Worker:
         return self.intake.max_seen_inflight
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m inflight.consumers.worker", description="run one worker")
-    p.add_argument("--model", default=None)
-    p.add_argument("--kv-cache-mb", type=int, default=None)
-    p.add_argument("--device", default=None)
-    p.add_argument("--tensor-parallel-size", type=int, default=None)
-    p.add_argument("--kv-cache-dtype", default=None, help="auto | int8 | fp8 (INFLIGHT_KV_CACHE_DTYPE)")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
-    settings = Settings()
-    engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
-                          tensor_parallel_size=args.tensor_parallel_size,
-                          kv_cache_dtype=args.kv_cache_dtype)
-    return run_worker(settings, engine)
-
-
 def run_worker(settings: Settings, engine: Any) -> int:
     """Serve `engine` as one worker until SIGTERM or SIGINT (then drain, commit, leave the
-    group); the heap is settled once start-up is done. `inflight worker` and `main` run it."""
+    group); the heap is settled once start-up is done. `inflight worker` runs it."""
     worker = Worker(settings, engine)
     worker.install_signal_handlers()
     settle_heap()
@@ -239,7 +225,3 @@ def settle_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, *gc.get_threshold()[1:])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

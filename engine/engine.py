@@ -428,9 +428,11 @@ class Engine:
         req.status = RequestStatus.FINISHED
         req.finish_reason, req.error = reason, error
         req.finish_time = time.time()
-        delta = req.detok.take_delta(final=True) if req.detok is not None else ""
-        text = req.detok.text if req.detok is not None else ""
-        return RequestOutput.final(req, delta, text, new_token_ids or [], error_code)
+        detok = req.detok
+        if detok is None:  # refused before it had a detokenizer
+            return RequestOutput.final(req, "", "", new_token_ids or [], error_code)
+        return RequestOutput.final(req, detok.take_delta(final=True), detok.text,
+                                   new_token_ids or [], error_code, detok.stop_hit)
 
     # -- offline use ------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],

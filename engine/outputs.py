@@ -24,7 +24,8 @@ class RequestOutput:
 
     `logprobs` (when the request asked for them): one entry per token of `token_ids`, so a
     delta's on a non-final output and all of them on the final one. `prompt_logprobs`: on
-    the final output only, one per prompt token, the first None.
+    the final output only, one per prompt token, the first None. `stop_reason`: the stop
+    string that ended the request (finish_reason "stop"; vLLM's field), else None.
     """
 
     request_id: str
@@ -45,6 +46,7 @@ class RequestOutput:
     error_code: str | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    stop_reason: str | None = None  # on the final output: the stop string that ended it
 
     @classmethod
     def delta(cls, req: Request, new_token_ids: list[int], text_delta: str,
@@ -59,7 +61,7 @@ class RequestOutput:
 
     @classmethod
     def final(cls, req: Request, text_delta: str, text: str, new_token_ids: list[int],
-              error_code: str | None = None) -> RequestOutput:
+              error_code: str | None = None, stop_reason: str | None = None) -> RequestOutput:
         """A finished request's last delta and its whole output (`req.finish_reason`,
         `req.error` and `req.finish_time` set). The request is done: its lists are never
         changed again, so they are handed on without copies."""
@@ -71,7 +73,8 @@ class RequestOutput:
                    prompt_token_ids=req.prompt_token_ids, arrival_time=req.arrival_time,
                    first_token_time=req.first_token_time, finish_time=req.finish_time,
                    num_preemptions=req.num_preemptions, error_code=error_code,
-                   logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs)
+                   logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs,
+                   stop_reason=stop_reason)
 
     @property
     def ttft(self) -> float | None:

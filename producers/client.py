@@ -37,12 +37,13 @@ from inflight.schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, 
                      decode_result, encode)
 from inflight.schemas.cancel import batch_cancel, request_cancel
 from inflight.schemas.codec import schema_error
-from inflight.schemas.errors import BrokerError, CapacityError, InflightError, StateError
+from inflight.schemas.errors import (BrokerError, CapacityError, InflightError, StateError,
+                                     needs_extra)
 from inflight.schemas.kafka_clients import producer
 from inflight.store import FINAL_STATUSES, BatchRow, FileRow, Store
 
-from inflight.producers import batch_jobs
-from inflight.producers.celery_app import celery_app, send_enqueue
+# NOTE: batch jobs (producers.batch_jobs) and Celery (producers.celery_app, the `jobs`
+# extra) load at the first batch call: a pipeline that submits and polls never imports them
 from inflight.producers.results_reader import ResultsReader
 from inflight.producers.stream import partition_for
 
@@ -413,8 +414,12 @@ class Client:
     # -- batch jobs (see producers.batch_jobs) ---------------------------------------------
     @property
     def celery(self) -> Any:
+        """The Celery app batch tasks are sent with (MissingExtraError without `jobs`)."""
         if self._celery is None:
-            self._celery = celery_app(self.settings)
+            with needs_extra("jobs", "sending batch jobs (Client.create_batch)"):
+                from inflight.producers.celery_app import celery_app
+
+                self._celery = celery_app(self.settings)
         return self._celery
 
     def upload_file(self, source: str | Path | bytes | BinaryIO, *, purpose: str = "batch",
@@ -448,12 +453,16 @@ class Client:
         batch and hand it to the Celery workers (`inflight jobs`) to validate and enqueue."""
         if (source is None) == (input_file_id is None):
             raise SchemaError("create_batch: give a file to upload or an input_file_id (one)")
+        app = self.celery  # first: no file is stored for a batch that cannot start (no `jobs`)
+        from inflight.producers import batch_jobs
+        from inflight.producers.celery_app import send_enqueue
+
         if input_file_id is None:
             input_file_id = self.upload_file(source, owner=owner, progress=progress).id  # type: ignore[arg-type]
         b = batch_jobs.create_batch(self.store, input_file_id=input_file_id, endpoint=endpoint,
                                     completion_window=completion_window,
                                     metadata=dict(metadata) if metadata else None, owner=owner)
-        send_enqueue(self.celery, b.id)
+        send_enqueue(app, b.id)
         return b
 
     def get_batch(self, batch_id: str) -> BatchRow:
@@ -466,6 +475,8 @@ class Client:
         return self.store.list_batches(limit=limit, after=after, owner=owner)
 
     def cancel_batch(self, batch_id: str) -> BatchRow:
+        from inflight.producers import batch_jobs
+
         return batch_jobs.cancel_batch(self.store, self, batch_id)
 
     def wait_batch(self, batch_id: str, timeout: float | None = None,

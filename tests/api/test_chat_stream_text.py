@@ -20,7 +20,7 @@ import orjson
 import pytest
 from sqlalchemy import select
 
-from inflight.api.routes.chat import SentText
+from inflight.api.follow import SentText
 from inflight.schemas import FinalEvent, TokenEvent
 from inflight.schemas.codec import encode
 from inflight.schemas.kafka_clients import producer

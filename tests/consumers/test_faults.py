@@ -28,7 +28,7 @@ def _worker_process(settings, model: Path, log: Path) -> subprocess.Popen:
 
     env = {**os.environ, **settings_env(settings), "OMP_NUM_THREADS": "1", "INFLIGHT_METRICS_INTERVAL_S": "1",
            "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "inflight.consumers.worker", "--model", str(model)],
+    return subprocess.Popen([sys.executable, "-m", "inflight", "worker", "--model", str(model)],
                             env=env, cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 
 

@@ -118,8 +118,9 @@ def test_worker_engine_on_an_explicit_device(tiny_model_path, prompts, hf_ref, t
     gc.collect()
     count = torch.cuda.device_count()
     before = {i: torch.cuda.memory_allocated(i) for i in range(count)}
-    settings = Settings(gpu_lock_dir=tmp_path, max_num_seqs=4, block_size=4)
-    eng = build_engine(settings, str(tiny_model_path), device=device, kv_cache_mb=16, dtype="float32")
+    settings = Settings(gpu_lock_dir=tmp_path, max_num_seqs=4, block_size=4, device=device,
+                        model_path=str(tiny_model_path), kv_cache_bytes=16 << 20, dtype="float32")
+    eng = build_engine(settings)
     index = 0 if device == "cuda:auto" else int(device.split(":")[1])
     try:
         assert eng.device == torch.device("cuda", index) and eng.scope.stream.device == eng.device
