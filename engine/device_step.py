@@ -70,7 +70,7 @@ class DeviceStep:
 @dataclass(slots=True)
 class DeviceOutput:
     sampled: torch.Tensor             # [n] ids, or [n, K+1] emitted ids of a verification
-    logits: torch.Tensor              # [rows, vocab] fp32
+    logits: torch.Tensor | None       # [rows, vocab] fp32, when the step computes logprobs
     prompt_hidden: torch.Tensor | None  # hidden states of the prompt rows to score
 
 

@@ -245,10 +245,12 @@ class Engine:
             self.spec.roll_back(sched, handle, tokens, self.kv, self.runner.batch)
         self._cache_completed(handle)
         now = time.time()
-        lps = self._take_logprobs(handle.logprobs)
         accept = self._accept_run if handle.emitted is not None else self._accept_token
-        for req, token in zip(samplers, tokens):
-            outputs.append(accept(req, token, now, lps.get(req)))
+        if handle.logprobs is None:
+            outputs += [accept(req, token, now) for req, token in zip(samplers, tokens)]
+        else:
+            lps = self._take_logprobs(handle.logprobs)
+            outputs += [accept(req, token, now, lps.get(req)) for req, token in zip(samplers, tokens)]
         if self.config.debug_checks:
             self.kv.check_invariants(list(self.requests.values()))
         return outputs
@@ -302,7 +304,7 @@ class Engine:
             if req.is_finished:  # aborted or stopped while this step ran: drop the token
                 continue
             req.num_pending -= 1
-            outputs.append(self._accept_token(req, token, now, lps.get(req)))
+            outputs.append(self._accept_token(req, token, now, lps.get(req) if lps else None))
 
     def _schedule(self, outputs: list[RequestOutput], drafts: dict | None = None) -> SchedulerOutput:
         sched = self.scheduler.schedule(drafts)
@@ -339,9 +341,7 @@ class Engine:
         (its computed count is 0); every token of a completed step's positions is known
         on the host by now (the step before it was processed first)."""
         if self.kv.enable_caching:
-            for req, done in zip(handle.requests, handle.seq_lens):
-                if not req.is_finished:
-                    self.kv.cache_full_blocks(req, done)
+            self.kv.cache_completed(handle.requests, handle.seq_lens)
 
     def _fail(self, reqs: list[Request], exc: Exception, outputs: list[RequestOutput]) -> None:
         if isinstance(exc, EngineDeadError):  # no next step can succeed: the caller must stop

@@ -117,6 +117,15 @@ class KVCacheManager:
             self.pool.cache_block(blocks[i], req.block_hashes[i])
         self._registered[req.request_id] = n_full
 
+    def cache_completed(self, requests: Sequence[Request], seq_lens: Sequence[int]) -> None:
+        """cache_full_blocks for each unfinished request of a completed step, up to its
+        computed tokens there; those that filled no new block cost one comparison."""
+        bs, registered = self.block_size, self._registered
+        for req, done in zip(requests, seq_lens):
+            if min(done, req.num_computed_tokens) // bs > registered.get(req.request_id, 0) \
+                    and not req.is_finished:
+                self.cache_full_blocks(req, done)
+
     # -- allocation -------------------------------------------------------------------
     def can_fit(self, req: Request, num_new_tokens: int,
                 cached: Sequence[KVCacheBlock] = ()) -> bool:

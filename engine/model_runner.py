@@ -359,7 +359,10 @@ class ModelRunner:
         are masked to what the grammar allows before sampling (engine/bitmask.py).
         A verification step (`step.spec`) -> emitted ids [n, K+1] and logits
         [n * (K+1), vocab]: engine/spec/rejection.py. Constrained requests never have
-        drafts: `masked` names their one logit row (SpecLayout.first)."""
+        drafts: `masked` names their one logit row (SpecLayout.first). The logits are
+        handed back only to a step that computes logprobs; otherwise they are dropped
+        here (on CPU freeing a [n, vocab] fp32 tensor is an munmap: forward memory, not
+        the host's bookkeeping)."""
         hidden = None
         if step.padded is not None:
             logits = self.graphs.run(step.padded)[:step.n]
@@ -372,8 +375,12 @@ class ModelRunner:
             logits = logits[spec.vidx]
             emitted = verify(logits, spec.drafts, spec.num_drafts, step.sampling, self.generator,
                              spec.draft_probs)
-            return DeviceOutput(emitted, logits.view(-1, logits.shape[-1]), hidden)
-        return DeviceOutput(sample(logits, step.sampling, self.generator), logits, hidden)
+            logits = logits.view(-1, logits.shape[-1])
+            sampled = emitted
+        else:
+            sampled = sample(logits, step.sampling, self.generator)
+        keep = step.logprob_rows is not None or step.prompt_rows is not None
+        return DeviceOutput(sampled, logits if keep else None, hidden)
 
     def _eager_forward(self, step: DeviceStep) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> (logits of the sampling rows, hidden states of the prompt rows or None)."""
