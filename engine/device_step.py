@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
-from inflight.engine.logprobs import StepLogprobs
+from inflight.engine.logprobs import LogprobRows, StepLogprobs
 from inflight.engine.request import Request
 from inflight.engine.sampler import SamplingBatch
 
@@ -61,17 +61,20 @@ class DeviceStep:
     width: int = 0                    # block-table columns to gather
     logit_rows: torch.Tensor | None = None  # a verification's rows (default: each last token)
     spec: SpecInputs | None = None
-    # logprobs: sampler logit rows; prompt-scoring token rows and their targets
+    # logprobs: sampler logit rows; prompt-scoring token rows and their targets; the most
+    # alternatives any of them asked for
     logprob_rows: torch.Tensor | None = None
     prompt_rows: torch.Tensor | None = None
     prompt_targets: torch.Tensor | None = None
+    logprob_top_n: int = 0
+    prompt_top_n: int = 0
 
 
 @dataclass(slots=True)
 class DeviceOutput:
     sampled: torch.Tensor             # [n] ids, or [n, K+1] emitted ids of a verification
-    logits: torch.Tensor | None       # [rows, vocab] fp32, when the step computes logprobs
-    prompt_hidden: torch.Tensor | None  # hidden states of the prompt rows to score
+    sample_logprobs: LogprobRows | None = None  # of the logprob_rows' sampled tokens
+    prompt_logprobs: LogprobRows | None = None  # of the prompt tokens the prompt rows score
 
 
 class DraftProbs(Protocol):

@@ -57,7 +57,7 @@ from inflight.engine.cuda_graphs import DecodeGraphs
 from inflight.engine.device_step import (DeviceOutput, DeviceStep, DraftProbs, SpecInputs,
                                          StepHandle, StepOrderError)
 from inflight.engine.input_batch import InputBatch
-from inflight.engine.logprobs import StepLogprobs
+from inflight.engine.logprobs import LogprobRows, StepLogprobs, prompt_logprob_rows
 from inflight.engine.model import AttentionMetadata, DecoderModel
 from inflight.engine.request import Request
 from inflight.engine.sampler import SamplingBatch, sample
@@ -270,9 +270,11 @@ class ModelRunner:
                           inputs.masked)
         if inputs.lp_pos:
             step.logprob_rows = dev[lay.logprob_rows].long()
+            step.logprob_top_n = max(r.params.logprobs for r in inputs.lp_reqs)
         if inputs.prompt_rows:
             step.prompt_rows = dev[lay.prompt_rows].long()
             step.prompt_targets = dev[lay.prompt_targets].long()
+            step.prompt_top_n = max(r.params.prompt_logprobs for r, _, _ in inputs.prompt_rows)
         if P is not None:
             # rows | seq_lens | ids | src: back to back, P each (StepLayout)
             self.graphs.inputs[:, :P].copy_(dev[lay.rows.start:lay.src.stop].view(4, P))
@@ -315,10 +317,9 @@ class ModelRunner:
             handle.emitted = sampled
             sampled = sampled.reshape(-1).clamp(min=0)  # the target of each logit row
         if inputs.lp_pos or inputs.prompt_rows:
-            handle.logprobs = StepLogprobs.compute(
-                self.model, out.logits, sampled, inputs.lp_reqs, inputs.lp_pos, step.logprob_rows,
-                inputs.prompt_rows, out.prompt_hidden, inputs.prompt_targets, step.prompt_targets,
-                width=1 if spec is None else spec.width + 1)
+            handle.logprobs = StepLogprobs.build(
+                inputs.lp_reqs, inputs.lp_pos, out.sample_logprobs, inputs.prompt_rows,
+                out.prompt_logprobs, inputs.prompt_targets, width=1 if spec is None else spec.width + 1)
         if overlapped:
             self.sampled[:n].copy_(sampled)
             self._prev_index = {req: inputs.sample_pos[j] for j, req in enumerate(samplers)}
@@ -359,10 +360,10 @@ class ModelRunner:
         are masked to what the grammar allows before sampling (engine/bitmask.py).
         A verification step (`step.spec`) -> emitted ids [n, K+1] and logits
         [n * (K+1), vocab]: engine/spec/rejection.py. Constrained requests never have
-        drafts: `masked` names their one logit row (SpecLayout.first). The logits are
-        handed back only to a step that computes logprobs; otherwise they are dropped
-        here (on CPU freeing a [n, vocab] fp32 tensor is an munmap: forward memory, not
-        the host's bookkeeping)."""
+        drafts: `masked` names their one logit row (SpecLayout.first). The logprobs asked
+        for are computed here too (engine/logprobs.py), on their rows only; the logits
+        never leave (on CPU freeing a [n, vocab] fp32 tensor is an munmap: the forward's
+        memory, not the host's bookkeeping)."""
         hidden = None
         if step.padded is not None:
             logits = self.graphs.run(step.padded)[:step.n]
@@ -376,11 +377,19 @@ class ModelRunner:
             emitted = verify(logits, spec.drafts, spec.num_drafts, step.sampling, self.generator,
                              spec.draft_probs)
             logits = logits.view(-1, logits.shape[-1])
-            sampled = emitted
+            sampled = targets = emitted
+            if step.logprob_rows is not None:
+                targets = emitted.reshape(-1).clamp(min=0)  # the target of each logit row
         else:
-            sampled = sample(logits, step.sampling, self.generator)
-        keep = step.logprob_rows is not None or step.prompt_rows is not None
-        return DeviceOutput(sampled, logits if keep else None, hidden)
+            sampled = targets = sample(logits, step.sampling, self.generator)
+        out = DeviceOutput(sampled)
+        rows = step.logprob_rows
+        if rows is not None:
+            out.sample_logprobs = LogprobRows.compute(logits[rows], targets[rows], step.logprob_top_n)
+        if hidden is not None:
+            out.prompt_logprobs = prompt_logprob_rows(self.model, hidden, step.prompt_targets,
+                                                      step.prompt_top_n)
+        return out
 
     def _eager_forward(self, step: DeviceStep) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> (logits of the sampling rows, hidden states of the prompt rows or None)."""
