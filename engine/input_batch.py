@@ -173,6 +173,14 @@ class InputBatch:
         self.num_diff_entries = 0
         return d
 
+    def apply_diffs(self, diffs: torch.Tensor) -> None:
+        """Write a step's diffs (`take_diffs`' [rows | cols | ids], now on the device) into
+        the device table (a separate one: CUDA, or CPU tests)."""
+        d = diffs.shape[0] // 3
+        if d and not self.shared:
+            diffs = diffs.view(3, d)
+            self.block_table_dev[diffs[0].long(), diffs[1].long()] = diffs[2]
+
     # -- sampling parameters of one step ---------------------------------------------------
     def sampling_arrays(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """temperature, top_k (None if no row uses it), top_p (likewise) of `rows`."""

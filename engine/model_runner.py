@@ -262,10 +262,7 @@ class ModelRunner:
         """The step's inputs as views of the staged copy on the device; block-table diffs
         applied, a padded step's inputs copied to the static buffers."""
         batch, n, T = self.batch, inputs.n, inputs.num_tokens_total
-        d = StepLayout.length(lay.diffs) // 3
-        if d and not batch.shared:
-            diffs = dev[lay.diffs].view(3, d)
-            batch.block_table_dev[diffs[0].long(), diffs[1].long()] = diffs[2]
+        batch.apply_diffs(dev[lay.diffs])
         step = DeviceStep(n, T, P, self._sampling(inputs, lay, dev) if random else self._greedy,
                           inputs.masked)
         if inputs.lp_pos:

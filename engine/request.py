@@ -29,7 +29,8 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 
 @dataclass(eq=False)
 class Request:
-    """Tokens, blocks and progress of one request.
+    """Tokens, block table and progress of one request (what scheduling and the step need;
+    the blocks themselves are the KVCacheManager's, per-feature state its owner's).
 
     NOTE: scheduling is "computed tokens catch up": `num_computed_tokens` counts the
     leading tokens of `all_token_ids` whose K/V sit in the cache. A prefill chunk, a

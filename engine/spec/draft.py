@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ from inflight.engine.request import Request
 from inflight.engine.sampler import SamplingBatch
 from inflight.engine.spec.config import SpeculativeConfig
 from inflight.engine.spec.rejection import target_probs
+from inflight.engine.step_layout import PackedLayout
 
 if TYPE_CHECKING:
     from inflight.engine.kv_cache_manager import KVCacheManager
@@ -72,6 +74,18 @@ def load_draft_model(spec: SpeculativeConfig, target_folder: pathlib.Path, targe
     return draft
 
 
+@dataclass(frozen=True, slots=True)
+class ProposalLayout(PackedLayout):
+    """The packed inputs of one proposal (B requests), in one staged copy."""
+
+    rows: slice         # [B] the requests' InputBatch rows
+    starts: slice       # [B] their computed tokens: the first draft's position
+    ids: slice          # [B] their last tokens
+    limits: slice       # [B] drafts each may get
+    temperature: slice  # [B] fp32 bits
+    diffs: slice        # [3 x D] block-table updates (engine/input_batch.py)
+
+
 class DraftProposer:
     def __init__(self, spec: SpeculativeConfig, runner: ModelRunner, kv: KVCacheManager):
         self.k = spec.num_speculative_tokens
@@ -103,24 +117,21 @@ class DraftProposer:
                 batch.append_blocks(r, row)
             rows.append(row)
         width = max(batch.num_blocks[row] for row in rows)
-        # -- one staged copy: rows | starts | last ids | limits | temperature | diffs ------
-        d = batch.num_diff_entries
-        buf = runner.staging.host(5 * B + 3 * d)
-        buf[:B] = rows
-        buf[B:2 * B] = [r.num_computed_tokens for r in sel]
-        buf[2 * B:3 * B] = [r.all_token_ids[-1] for r in sel]
-        buf[3 * B:4 * B] = lims
+        lay = ProposalLayout.of(rows=B, starts=B, ids=B, limits=B, temperature=B,
+                                diffs=3 * batch.num_diff_entries)
+        buf = runner.staging.host(lay.size)
+        buf[lay.rows] = rows
+        buf[lay.starts] = [r.num_computed_tokens for r in sel]
+        buf[lay.ids] = [r.all_token_ids[-1] for r in sel]
+        buf[lay.limits] = lims
         temps = np.asarray([r.params.temperature for r in sel], dtype=np.float32)
-        buf[4 * B:5 * B] = temps.view(np.int32)
-        d = batch.take_diffs(buf[5 * B:])
-        dev = runner.staging.send(5 * B + 3 * d)
-        if d and not batch.shared:
-            o = 5 * B
-            batch.block_table_dev[dev[o:o + d].long(), dev[o + d:o + 2 * d].long()] = dev[o + 2 * d:o + 3 * d]
-        t_rows, start, ids = dev[:B].long(), dev[B:2 * B].long(), dev[2 * B:3 * B].long()
-        lim = dev[3 * B:4 * B].long()
-        sampling = self._sampling(sel, dev[4 * B:5 * B].view(torch.float32), temps)
-        block_tables = batch.block_table_dev[t_rows, :width]
+        buf[lay.temperature] = temps.view(np.int32)
+        batch.take_diffs(buf[lay.diffs])
+        dev = runner.staging.send(lay.size)
+        batch.apply_diffs(dev[lay.diffs])
+        start, ids, lim = dev[lay.starts].long(), dev[lay.ids].long(), dev[lay.limits].long()
+        sampling = self._sampling(sel, dev[lay.temperature].view(torch.float32), temps)
+        block_tables = batch.block_table_dev[dev[lay.rows].long(), :width]
         drafts, probs = self._run(ids, start, lim, block_tables, lims, sampling)
         if probs is not None:
             self._probs = probs
