@@ -65,7 +65,7 @@ from inflight.engine.scheduler import SchedulerOutput
 from inflight.engine.spec.rejection import verify
 from inflight.engine.staging import Staging
 from inflight.engine.step_inputs import StepInputs
-from inflight.engine.step_layout import StepLayout
+from inflight.engine.step_layout import StepLayout, region_len
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,8 @@ class ModelRunner:
         if not P:
             buf[lay.qsl.start] = 0
             buf[lay.qsl.start + 1:lay.qsl.stop] = list(accumulate(inputs.num_tokens))
-        batch.take_diffs(buf[lay.diffs])
+        if batch.num_diff_entries:
+            batch.take_diffs(buf[lay.diffs])
         if temp is not None:
             buf[lay.temperature] = temp.view(np.int32)
             if top_k is not None:
@@ -262,7 +263,8 @@ class ModelRunner:
         """The step's inputs as views of the staged copy on the device; block-table diffs
         applied, a padded step's inputs copied to the static buffers."""
         batch, n, T = self.batch, inputs.n, inputs.num_tokens_total
-        batch.apply_diffs(dev[lay.diffs])
+        if lay.diffs.stop > lay.diffs.start:
+            batch.apply_diffs(dev[lay.diffs])
         step = DeviceStep(n, T, P, self._sampling(inputs, lay, dev) if random else self._greedy,
                           inputs.masked)
         if inputs.lp_pos:
@@ -297,8 +299,8 @@ class ModelRunner:
         for i, req in zip(inputs.sample_pos, inputs.samplers):
             if req.generator is not None:
                 gens[i] = req.generator
-        top_k = dev[lay.top_k].long() if StepLayout.length(lay.top_k) else None
-        top_p = dev[lay.top_p].view(torch.float32) if StepLayout.length(lay.top_p) else None
+        top_k = dev[lay.top_k].long() if region_len(lay.top_k) else None
+        top_p = dev[lay.top_p].view(torch.float32) if region_len(lay.top_p) else None
         return SamplingBatch(dev[lay.temperature].view(torch.float32), top_k, top_p, gens, False)
 
     def _handle(self, inputs: StepInputs, step: DeviceStep, out: DeviceOutput, seq: int,

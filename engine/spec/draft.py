@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -34,7 +33,7 @@ from inflight.engine.request import Request
 from inflight.engine.sampler import SamplingBatch
 from inflight.engine.spec.config import SpeculativeConfig
 from inflight.engine.spec.rejection import target_probs
-from inflight.engine.step_layout import PackedLayout
+from inflight.engine.step_layout import layout_of
 
 if TYPE_CHECKING:
     from inflight.engine.kv_cache_manager import KVCacheManager
@@ -74,16 +73,18 @@ def load_draft_model(spec: SpeculativeConfig, target_folder: pathlib.Path, targe
     return draft
 
 
-@dataclass(frozen=True, slots=True)
-class ProposalLayout(PackedLayout):
+class ProposalLayout(NamedTuple):
     """The packed inputs of one proposal (B requests), in one staged copy."""
 
+    size: int           # elements in all
     rows: slice         # [B] the requests' InputBatch rows
     starts: slice       # [B] their computed tokens: the first draft's position
     ids: slice          # [B] their last tokens
     limits: slice       # [B] drafts each may get
     temperature: slice  # [B] fp32 bits
     diffs: slice        # [3 x D] block-table updates (engine/input_batch.py)
+
+    of = classmethod(layout_of)
 
 
 class DraftProposer:
