@@ -29,7 +29,7 @@ from inflight.api.limits import BodyLimitMiddleware
 from inflight.api.metrics import ApiMetrics, MetricsMiddleware
 from inflight.api.routes import (batches, chat, completions, files, health, message_batches,
                                  messages, models, requests)
-from inflight.api.served import ServedModels
+from inflight.api.served_models import ServedModels
 from inflight.api.streams import Streams
 from inflight.api.upload_sweep import sweep_uploads
 from inflight.producers import Client
@@ -45,7 +45,7 @@ API_VERSION = "1"
 
 
 def _open_store(settings: Settings) -> Store:
-    # no pre-ping: a poll is one round trip (store/owned.py retries a dead connection once)
+    # no pre-ping: a poll is one round trip (store/owner_queries.py retries a dead connection once)
     store = Store.embedded(settings.database_url, pre_ping=False)  # SQLite migrates itself
     if store.dialect != "sqlite":
         have, want = current_revision(store.url), head_revision()

@@ -32,7 +32,7 @@ from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQ
                                      ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
                                      ERR_PROMPT_TOO_LONG)
 from inflight.store import queued_row
-from inflight.store.owned import release_request
+from inflight.store.owner_queries import release_request
 
 _CLIENT_ERRORS = {ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
                   ERR_PROMPT_TOO_LONG}

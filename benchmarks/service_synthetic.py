@@ -165,7 +165,7 @@ def count_tokens(settings, topic: str, ids: set[str], timeout: float = 300.0) ->
     import orjson
     from kafka import TopicPartition
 
-    from inflight.schemas.kafka_clients import partitions_of, plain_consumer
+    from inflight.transport.kafka_clients import partitions_of, plain_consumer
 
     c = plain_consumer(settings, fetch_max_bytes=16 << 20, max_partition_fetch_bytes=8 << 20)
     counts: dict[str, int] = defaultdict(int)

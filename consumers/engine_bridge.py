@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inflight.consumers.gpu_claim import AUTO, claim_gpu
 from inflight.schemas import InferenceRequest, Settings
 from inflight.schemas.tools import render_tool_messages
+
+if TYPE_CHECKING:
+    from inflight.engine.logprobs import TokenLogprob
+    from inflight.engine.outputs import RequestOutput
+    from inflight.engine.tokenizer import Tokenizer
 
 
 def chat_inputs(req: InferenceRequest, template_takes_tools: bool) -> tuple[list | None, dict]:
@@ -37,7 +42,7 @@ class LogprobShaper:
     top_logprobs}]}`), with each token's text and bytes from the model's tokenizer, cached
     per token id (the vocabulary is fixed)."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self._pieces: dict[int, tuple[str, list[int]]] = {}
 
@@ -57,17 +62,17 @@ class LogprobShaper:
         lp = logprob if logprob == logprob and logprob > LOGPROB_FLOOR else LOGPROB_FLOOR
         return {"token": text, "logprob": lp, "bytes": raw}
 
-    def position(self, e: Any) -> dict[str, Any] | None:
+    def position(self, e: TokenLogprob | None) -> dict[str, Any] | None:
         if e is None:
             return None
         d = self.entry(e.token_id, e.logprob)
         d["top_logprobs"] = [self.entry(t, lp) for t, lp in e.top]
         return d
 
-    def __call__(self, out: Any) -> tuple[dict | None, list | None]:
+    def __call__(self, out: RequestOutput) -> tuple[dict | None, list | None]:
         """(FinalEvent.logprobs, FinalEvent.prompt_logprobs) of a final engine output."""
-        lps = getattr(out, "logprobs", None)
-        plps = getattr(out, "prompt_logprobs", None)
+        lps = out.logprobs
+        plps = out.prompt_logprobs
         return (None if lps is None else {"content": [self.position(e) for e in lps]},
                 None if plps is None else [self.position(e) for e in plps])
 

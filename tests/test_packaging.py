@@ -40,7 +40,7 @@ for pkg in (inflight.engine, inflight.kernels):
 
 
 def test_the_wire_imports_no_torch():
-    loaded = _loaded_after("import inflight.schemas, inflight.schemas.kafka_clients")
+    loaded = _loaded_after("import inflight.schemas, inflight.transport.kafka_clients")
     assert "pydantic" in loaded and "torch" not in loaded
 
 

@@ -32,10 +32,10 @@ from inflight.api.routing import ApiRoute
 from inflight.api.sse import sse, stored_events
 from inflight.api.streams import SSE_HEADERS, SSE_KEEPALIVE, ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
-from inflight.producers.client import STREAM_CLOCK_SLACK_S, STREAM_LOOKBACK_S
+from inflight.producers.requests_client import STREAM_CLOCK_SLACK_S, STREAM_LOOKBACK_S
 from inflight.schemas.errors import InflightError
 from inflight.store import FINAL_STATUSES, queued_row
-from inflight.store.owned import release_request
+from inflight.store.owner_queries import release_request
 
 router = APIRouter(route_class=ApiRoute, prefix="/v1/requests", tags=["requests"],
                    responses=OPENAI_ERRORS)

@@ -18,7 +18,7 @@ import pytest
 from inflight.cli.commands import with_flags
 from inflight.cli.main import build_parser
 from inflight.consumers.engine_bridge import build_engine, engine_config
-from inflight.consumers.handoff import Slots
+from inflight.consumers.thread_messages import Slots
 from inflight.consumers.gpu_claim import claim_gpu
 from inflight.schemas import Settings
 from inflight.schemas.errors import ConfigError

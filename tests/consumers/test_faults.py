@@ -160,7 +160,7 @@ def test_backlog_of_5000_drains_with_bounded_in_flight(broker, tiny_model, tmp_p
         deadline = time.monotonic() + 150
         while True:
             peak = max(peak, w.in_flight)
-            peak_unacked = max(peak_unacked, len(w.publisher.endings))
+            peak_unacked = max(peak_unacked, len(w.publisher.tracked))
             paused_seen |= w.metrics["paused_partitions"] > 0
             if w.metrics["completed"] >= n:
                 break

@@ -112,7 +112,7 @@ def test_worker_engine_on_an_explicit_device(tiny_model_path, prompts, hf_ref, t
     one, greedy tokens equal HF's. cuda:0 goes through the same code as cuda:1."""
     from inflight.consumers.engine_bridge import build_engine
     from inflight.consumers.engine_loop import EngineLoop
-    from inflight.consumers.handoff import OUTPUTS
+    from inflight.consumers.thread_messages import Slots, StepOutputs
     from inflight.schemas import Settings
 
     gc.collect()
@@ -127,16 +127,16 @@ def test_worker_engine_on_an_explicit_device(tiny_model_path, prompts, hf_ref, t
         assert all(t.device == eng.device for kv in eng.runner.kv_caches for t in kv)
         assert eng.runner.graphs.graphs  # captured on that device
         publish: queue.Queue = queue.Queue()
-        loop = EngineLoop(eng, publish).start()
+        loop = EngineLoop(eng, publish, Slots(1 << 20)).start()
         greedy = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
         for i, p in enumerate(prompts[:4]):
             loop.add(f"r{i}", prompt_token_ids=p, params=greedy)
         finals = {}
         deadline = time.monotonic() + 120
         while len(finals) < 4 and time.monotonic() < deadline:
-            kind, payload = publish.get(timeout=60)
-            if kind == OUTPUTS:
-                finals.update({o.request_id: o for o in payload[0] if o.finished})
+            msg = publish.get(timeout=60)
+            if isinstance(msg, StepOutputs):
+                finals.update({o.request_id: o for o in msg.outputs if o.finished})
         loop.stop()
         assert loop.join(30) and loop.error is None
         for i, p in enumerate(prompts[:4]):

@@ -1,6 +1,7 @@
 """The worker's producer: confluent-kafka (librdkafka, in C) behind the few calls of
-kafka-python's KafkaProducer that the publisher makes, so consumers.endings and the tests'
-wrapping producers work with either.
+kafka-python's KafkaProducer that the publisher makes (transport.results_producer's
+ResultsProducer), so consumers.tracked_sends and the tests' wrapping producers work with
+either.
 
     send(topic, key, value, headers, partition) ─► Delivery (add_callback / add_errback / get)
     send_untracked(topic, key, value, partition, on_error)   token deltas, status events:
@@ -21,19 +22,21 @@ reports failures only (`delivery.report.only.error`). Status events go there too
 may reach inflight.results after its request's final event: harmless, the store's upsert
 never moves a row back and streams read deltas and finals only.
 
-Errors arrive as kafka-python's exception classes (consumers.endings sorts them into
+Errors arrive as kafka-python's exception classes (consumers.tracked_sends sorts them into
 permanent and transient): a message over `message.max.bytes` is refused in produce()
 (MessageSizeTooLargeError), as kafka-python's max_request_size check does; the broker's
 refusals come back through the delivery callback.
 
 INFLIGHT_KAFKA_WORKER_PRODUCER=kafka-python selects kafka-python's producer instead (same
-settings); INFLIGHT_KAFKA_RDKAFKA_OPTIONS passes any other librdkafka setting.
+settings; transport/results_producer.py); INFLIGHT_KAFKA_RDKAFKA_OPTIONS passes any other
+librdkafka setting.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError as RdError
@@ -42,19 +45,11 @@ from kafka.errors import (InvalidRecordError, KafkaError, KafkaTimeoutError,
                           MessageSizeTooLargeError, RecordListTooLargeError,
                           UnsupportedForMessageFormatError)
 
-from inflight.schemas.kafka_clients import producer as kafka_python_producer, producer_config
 from inflight.schemas.settings import Settings
+from inflight.transport.kafka_clients import producer_config
 
 QUEUE_FULL_WAIT_S = 0.05   # produce() on a full local queue: serve callbacks, try again
 MAX_BLOCK_S = 60.0         # ... for at most this long (kafka-python's max_block_ms)
-
-
-def results_producer(settings: Settings, **overrides: Any) -> Any:
-    """The worker's producer, as INFLIGHT_KAFKA_WORKER_PRODUCER says. `overrides`: librdkafka
-    settings (confluent) or kafka-python keyword arguments (kafka-python)."""
-    if settings.kafka_worker_producer == "kafka-python":
-        return kafka_python_producer(settings, **overrides)
-    return RdProducer(settings, **overrides)
 
 
 class Delivery:
@@ -122,14 +117,17 @@ class Delivery:
 
 
 class RdProducer:
-    """confluent_kafka.Producer with kafka-python's send() (see the module doc)."""
+    """confluent_kafka.Producer with kafka-python's send() (see the module doc); a
+    transport.results_producer.ResultsProducer."""
+
+    acks_in_poll = True   # delivery callbacks run inside poll_acks, on the caller's thread
 
     def __init__(self, settings: Settings, **overrides: Any):
         config: dict[str, Any] = {
             **settings.rdkafka_common(),
             **producer_config(settings),
             # NOTE: Java's partitioner (and kafka-python's) for keys, should a send come
-            # without a partition; the publisher picks them itself (publisher.key_hash)
+            # without a partition; the publisher picks them itself (transport.partitioner)
             "partitioner": "murmur2_random",
             "logger": logging.getLogger("inflight.rdkafka"),  # not stderr (served in poll)
         }
@@ -137,7 +135,7 @@ class RdProducer:
         config.update(overrides)
         self._p = Producer(config)
         self._fire = Producer({**config, "delivery.report.only.error": True})
-        self._on_error: dict[Any, Any] = {}   # on_error -> its librdkafka delivery callback
+        self._on_error: dict[Callable, Callable] = {}  # on_error -> its delivery callback
 
     def send(self, topic: str, key: bytes | None = None, value: bytes | None = None,
              headers: list[tuple[str, bytes]] | None = None,
@@ -147,7 +145,7 @@ class RdProducer:
         return fut
 
     def send_untracked(self, topic: str, key: bytes | None, value: bytes,
-                       partition: int | None, on_error: Any) -> None:
+                       partition: int | None, on_error: Callable[[BaseException], None]) -> None:
         """Send without tracking: `on_error(exc)` runs (in poll_acks) only if it fails."""
         report = self._on_error.get(on_error)
         if report is None:
@@ -201,7 +199,7 @@ class RdProducer:
 
 
 def kafka_error(err: Any) -> KafkaError:
-    """A librdkafka KafkaError as the kafka-python exception consumers.endings sorts on."""
+    """A librdkafka KafkaError as the kafka-python exception consumers.tracked_sends sorts on."""
     code = err.code()
     text = f"{err.name()}: {err.str()}"
     if code == RdError.MSG_SIZE_TOO_LARGE:
@@ -215,4 +213,4 @@ def kafka_error(err: Any) -> KafkaError:
     if code in (RdError._MSG_TIMED_OUT, RdError._TIMED_OUT, RdError._TIMED_OUT_QUEUE,
                 RdError.REQUEST_TIMED_OUT):
         return KafkaTimeoutError(text)
-    return KafkaError(text)  # transient to consumers.endings: sent again with backoff
+    return KafkaError(text)  # transient to consumers.tracked_sends: sent again with backoff

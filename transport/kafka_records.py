@@ -23,7 +23,7 @@ NOTE: why backslashreplace and not another handler —
 - "replace" (U+FFFD, what the Java client does) re-encodes fine but loses the bytes;
 - "backslashreplace" re-encodes fine (pure ASCII escapes) and keeps the bytes readable in
   the DLQ copy.
-`install()` runs once per process (idempotent), from schemas.kafka_clients.connect, so
+`install()` runs once per process (idempotent), from transport.kafka_clients.connect, so
 every client this project builds (worker, recorder, cancel reader, Client.stream) reads
 this way. Both wrappers change nothing where kafka-python succeeds; if a kafka-python
 upgrade moves what they wrap, install() says so in the log and the regression tests fail.
@@ -42,7 +42,7 @@ from kafka.record import default_records
 from kafka.record.memory_records import MemoryRecords
 from kafka.record.util import decode_varint
 
-from inflight.schemas.kafka_wrap import wrap_method
+from inflight.transport.kafka_wrap import wrap_method
 
 log = logging.getLogger("inflight.kafka")
 
@@ -76,7 +76,7 @@ def _install_header_keys() -> bool:
                        fits=lambda: {"_buffer", "_pos"} <= set(batch_cls.__slots__),
                        changed="kafka-python's DefaultRecordBatch has changed: records whose "
                                "header keys are not UTF-8 will stop consumers "
-                               "(schemas/kafka_records.py)")
+                               "(transport/kafka_records.py)")
 
 
 def _install_batch_skip() -> bool:
@@ -99,7 +99,7 @@ def _install_batch_skip() -> bool:
     return wrap_method(records_cls, "_unpack_records", wrap, mark=_MARK,
                        fits=lambda: hasattr(records_cls, "drain"),
                        changed="kafka-python's Fetcher.PartitionRecords has changed: a corrupt "
-                               "record batch will stop consumers (schemas/kafka_records.py)")
+                               "record batch will stop consumers (transport/kafka_records.py)")
 
 
 def _skip_corrupt_batch(part: Any, tp: Any, records: Any, exc: Exception) -> None:

@@ -2,11 +2,8 @@
 (worker, recorder, cancel reader, producer client, topics admin) gets its connections.
 
 The settings our producers and group consumers share with the librdkafka ones
-(consumers.rd_producer, consumers.recorder_source) are written once, in Kafka's own dotted
-names (librdkafka's), and turned into kafka-python's keywords by `kafka_python_names`.
-
-It lives in `schemas/` because both `consumers/` and `producers/` may import it (DESIGN.md's
-import table); it knows Settings and the error tree, nothing else of the project.
+(transport.librdkafka_producer, consumers.recorder_source) are written once, in Kafka's own
+dotted names (librdkafka's), and turned into kafka-python's keywords by `kafka_python_names`.
 """
 
 from __future__ import annotations
@@ -17,9 +14,9 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
 
-from inflight.schemas import kafka_parked, kafka_records
 from inflight.schemas.errors import BrokerError
 from inflight.schemas.settings import Settings
+from inflight.transport import kafka_parked, kafka_records
 
 
 # Kafka's name -> kafka-python's, where it is not just the dots made underscores
@@ -58,8 +55,8 @@ def group_config(settings: Settings, group: str) -> dict[str, Any]:
 def connect(client_cls: type, settings: Settings, **opts: Any) -> Any:
     """A kafka-python client (producer, consumer, admin) built from Settings; an unreachable
     broker becomes BrokerError that says what to do. Installs the tolerant record parse
-    first (schemas.kafka_records), so no fetched record can stop a consumer of ours, and
-    the fetcher fix that keeps a resumed partition read (schemas.kafka_parked)."""
+    first (transport.kafka_records), so no fetched record can stop a consumer of ours, and
+    the fetcher fix that keeps a resumed partition read (transport.kafka_parked)."""
     kafka_records.install()
     kafka_parked.install()
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kafka import KafkaConsumer, KafkaProducer
 
 from inflight.schemas import Settings
-from inflight.schemas.kafka_clients import group_config, kafka_python_names, producer_config
+from inflight.transport.kafka_clients import group_config, kafka_python_names, producer_config
 
 
 def test_kafka_python_knows_every_translated_name():

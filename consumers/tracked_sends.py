@@ -1,6 +1,6 @@
 """Tracked sends: the messages that end a ticket (its final event, maybe a DLQ copy),
-kept until Kafka acknowledges every one; then the ticket is reported ACKED to the intake,
-which may commit its offsets.
+kept until Kafka acknowledges every one; then the ticket is reported settled (ACKED) to the
+intake, which may commit its offsets.
 
 Send failures never stall anything (each is a message of its own, retried on a timer):
 - transient (timeouts, leader changes, the broker away): sent again with backoff; the
@@ -22,16 +22,17 @@ import logging
 import queue
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from kafka.errors import (InvalidRecordError, MessageSizeTooLargeError, RecordListTooLargeError,
                           UnsupportedForMessageFormatError)
 
 from inflight.consumers import event_bytes
 from inflight.consumers.dlq import dlq_value
-from inflight.consumers.handoff import ACKED
 from inflight.consumers.metrics import Metrics
+from inflight.consumers.thread_messages import Settled, TicketState
 from inflight.schemas import ERR_INTERNAL, ERR_MESSAGE_TOO_LARGE
+from inflight.transport.results_producer import ResultsProducer
 
 log = logging.getLogger("inflight.worker")
 
@@ -40,7 +41,11 @@ TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError)
 REFUSED = TOO_LARGE + (InvalidRecordError, UnsupportedForMessageFormatError, TypeError,
                        ValueError, UnicodeError)
 
-FINAL, DLQ, LAST = "final", "dlq", "last"   # what a tracked message is (LAST: no fallback)
+# What a tracked message is: a final event, a DLQ copy, or a last resort (no fallback left)
+Kind = Literal["final", "dlq", "last"]
+FINAL: Kind = "final"
+DLQ: Kind = "dlq"
+LAST: Kind = "last"
 
 
 @dataclass(slots=True)
@@ -49,7 +54,7 @@ class Message:
     key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]] | None
-    kind: str
+    kind: Kind
     partition: int | None = None
     tries: int = 0
     done: bool = False
@@ -70,20 +75,23 @@ class Ending:
         return sum(not m.done for m in self.messages)
 
 
-class Endings:
-    def __init__(self, settled: queue.SimpleQueue, *, worker: str, metrics: Metrics,
+class TrackedSends:
+    """The endings sent and not yet acknowledged, by ticket (see the module doc)."""
+
+    producer: ResultsProducer   # the publisher's, set before its first send
+
+    def __init__(self, settled: queue.SimpleQueue[Settled], *, worker: str, metrics: Metrics,
                  max_bytes: int):
-        self.producer: Any = None
         self.settled = settled
         self.worker = worker
         self.metrics = metrics
         self.max_bytes = max_bytes
         self.pending: dict[int, Ending] = {}        # by ticket, until acknowledged
-        self._acks: queue.SimpleQueue = queue.SimpleQueue()
+        # (ticket, message index, None when acknowledged else the send's exception)
+        self._acks: queue.SimpleQueue[tuple[int, int, BaseException | None]] = queue.SimpleQueue()
         self._retries: list[tuple[float, int, int, int]] = []
         self._seq = itertools.count()
         self._last_warning = 0.0
-        self.on_untracked_error: Any = lambda exc: None
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -100,8 +108,8 @@ class Endings:
         for i in range(len(ending.messages)):
             self._send(ending.ticket, i)
 
-    def on_error(self, ticket: int | None, i: int, exc: BaseException) -> None:
-        """Errback (producer I/O thread); ticket None: an untracked message."""
+    def _on_error(self, ticket: int, i: int, exc: BaseException) -> None:
+        """Errback (the producer's I/O thread, or inside poll_acks): only enqueues."""
         self._acks.put((ticket, i, exc))
 
     def _send(self, ticket: int, i: int) -> None:
@@ -115,19 +123,22 @@ class Endings:
             return
         # NOTE: callbacks run on the producer's I/O thread; they only enqueue.
         fut.add_callback(self._on_ack, ticket, i)
-        fut.add_errback(self.on_error, ticket, i)
+        fut.add_errback(self._on_error, ticket, i)
 
     def _on_ack(self, ticket: int, i: int, _metadata: Any) -> None:
         self._acks.put((ticket, i, None))
 
     def drain_acks(self, wait: float = 0.0) -> None:
+        """Apply the acknowledgements and failures that came in (waiting up to `wait`
+        seconds for one); the producer's poll_acks runs first (failed untracked sends too)."""
         acks = self._acks
-        # NOTE: confluent-kafka runs delivery callbacks inside poll_acks, on this thread;
-        # kafka-python runs them on its I/O thread (no poll_acks)
-        poll_acks = getattr(self.producer, "poll_acks", None)
-        if poll_acks is not None:
-            poll_acks(wait)
+        # NOTE: confluent-kafka runs delivery callbacks inside poll_acks, on this thread, so
+        # that is where to wait; kafka-python runs them on its I/O thread, into self._acks
+        if self.producer.acks_in_poll:
+            self.producer.poll_acks(wait)
             wait = 0.0
+        else:
+            self.producer.poll_acks(0.0)
         try:
             item = acks.get(timeout=wait) if wait else acks.get_nowait()
         except queue.Empty:
@@ -135,9 +146,7 @@ class Endings:
         while True:
             ticket, i, exc = item
             ending = self.pending.get(ticket)
-            if ticket is None:
-                self.on_untracked_error(exc)
-            elif ending is not None and not ending.messages[i].done:
+            if ending is not None and not ending.messages[i].done:
                 if exc is None:
                     self._done(ending, i)
                 else:
@@ -151,7 +160,7 @@ class Endings:
         ending.messages[i].done = True
         if ending.remaining == 0:
             del self.pending[ending.ticket]
-            self.settled.put((ending.ticket, ACKED))
+            self.settled.put(Settled(ending.ticket, TicketState.ACKED))
 
     def _failed(self, ticket: int, i: int, exc: BaseException) -> None:
         ending = self.pending[ticket]

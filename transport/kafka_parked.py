@@ -11,7 +11,7 @@ fetcher never fetches that partition again either (it has records in hand): the
 partition stalls for good. The worker's intake pauses, resumes and seeks its partitions
 all the time (consumers/intake.py: admission closed, batch topic behind interactive
 traffic, records put back), and with a short fetch wait it met this within minutes: a
-batch topic partition stopped being read (tests/schemas/test_kafka_parked.py reproduces
+batch topic partition stopped being read (tests/transport/test_kafka_parked.py reproduces
 it with a bare consumer). `install()` clears spent records in line before each
 `fetched_records`, which is what the fetcher does itself when it finishes them.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 from kafka.consumer import fetcher
 
-from inflight.schemas.kafka_wrap import wrap_method
+from inflight.transport.kafka_wrap import wrap_method
 
 _lock = threading.Lock()
 _MARK = "_inflight_unparks"
@@ -43,4 +43,4 @@ def install() -> bool:
     with _lock:
         return wrap_method(fetcher.Fetcher, "fetched_records", wrap, mark=_MARK,
                            changed="kafka-python's Fetcher has changed: a paused partition "
-                                   "may stall (schemas/kafka_parked.py)")
+                                   "may stall (transport/kafka_parked.py)")

@@ -1,4 +1,4 @@
-"""The tolerant record parse (schemas.kafka_records) on record batch bytes as a
+"""The tolerant record parse (transport.kafka_records) on record batch bytes as a
 non-Python producer may write them: header keys that are not UTF-8, null header values,
 and (through a real consumer on the embedded broker, which stores them) corrupt batches."""
 
@@ -9,7 +9,7 @@ import logging
 import pytest
 from kafka.record.memory_records import MemoryRecords
 
-from inflight.schemas import kafka_records
+from inflight.transport import kafka_records
 from tests.raw_kafka import (produce_raw, record_batch, with_bad_crc, with_bad_framing,
                              with_record_count)
 

@@ -1,5 +1,5 @@
 """A partition paused with fetched records in hand is read again once resumed
-(schemas/kafka_parked.py), against the real broker with a bare kafka-python consumer:
+(transport/kafka_parked.py), against the real broker with a bare kafka-python consumer:
 records of A in hand, A paused, B's records thrown away by a seek, A resumed."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def poll_until(consumer, want: TopicPartition, timeout: float = 5.0) -> list:
 
 
 def test_a_resumed_partition_is_read_again(kafka_settings):
-    from inflight.schemas.kafka_clients import plain_consumer, producer
+    from inflight.transport.kafka_clients import plain_consumer, producer
 
     s = kafka_settings
     topic = s.topic_requests_batch

@@ -1,10 +1,11 @@
-"""Owner-scoped request queries of the HTTP API (store/owned.py), on SQLite and Postgres."""
+"""Owner-scoped request queries of the HTTP API (store/owner_queries.py), on SQLite and Postgres."""
 
 from __future__ import annotations
 
 from inflight.schemas import FinalEvent, InferenceRequest
 from inflight.store import Store, final_row, queued_row
-from inflight.store.owned import claim_request, claim_requests, release_request, request_view
+from inflight.store.owner_queries import claim_requests, release_request, request_view
+from tests.store.owner_rows import claim_request
 
 
 def test_claim_inserts_once_and_reports_the_existing_row(store: Store):
@@ -51,7 +52,7 @@ def test_claim_many_in_one_transaction(store: Store):
 
 
 def test_views_of_many_ids_in_one_select(store: Store):
-    from inflight.store.owned import request_views
+    from inflight.store.owner_queries import request_views
 
     for rid, owner in (("v1", "alice"), ("v2", "bob")):
         claim_request(store, queued_row(InferenceRequest(request_id=rid, prompt="x")), owner)

@@ -64,17 +64,13 @@ def _read(store: Store, stmt: Any, params: dict[str, Any], what: str, fetch: str
     raise AssertionError("unreachable")
 
 
-def claim_request(store: Store, row: dict[str, Any], owner: str | None) -> Row | None:
-    """Insert a `queued` row filed under `owner` unless the id exists. Returns None when
-    this call inserted it, else the existing row's view (the caller decides: same owner =
-    the idempotent repeat, another owner = a conflict)."""
-    return claim_requests(store, [(row, owner)])[0]
-
-
 def claim_requests(store: Store, items: list[tuple[dict[str, Any], str | None]]) -> list[Row | None]:
-    """claim_request for many rows in ONE transaction (one commit, one WAL flush: the
-    API's group commit of concurrent submits). Answers in the order given; of two items
-    with one id, only the first can be the one that inserted it."""
+    """Insert a `queued` row filed under its owner for each (row, owner) whose id does not
+    exist yet, in ONE transaction (one commit, one WAL flush: the API's group commit of
+    concurrent submits). Answers in the order given: None where this call inserted the
+    row, else the existing row's view (the caller decides: same owner = the idempotent
+    repeat, another owner = a conflict); of two items with one id, only the first can be
+    the one that inserted it."""
     now = utcnow()
     first: dict[str, int] = {}
     values = []
@@ -104,7 +100,7 @@ _INSERT_IF_ABSENT = {
 
 
 def release_request(store: Store, request_id: str, owner: str | None) -> None:
-    """Undo claim_request after the publish failed: the row goes only if it is still
+    """Undo claim_requests for one row after the publish failed: the row goes only if it is still
     `queued` and still ours (the client was told 503 and may retry with the same id)."""
     owner_is = RequestRow.owner.is_(None) if owner is None else RequestRow.owner == owner
     with store.session() as s:

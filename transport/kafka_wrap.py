@@ -1,5 +1,5 @@
 """Wrapping a kafka-python method once per process: the mechanism the record-parsing and
-parked-records fixes (schemas/kafka_records.py, schemas/kafka_parked.py) share."""
+parked-records fixes (transport/kafka_records.py, transport/kafka_parked.py) share."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The worker's librdkafka producer (consumers/rd_producer.py) on the real broker: tracked
+"""The worker's librdkafka producer (transport/librdkafka_producer.py) on the real broker: tracked
 sends report success and failure like kafka-python's futures; untracked sends report
-failures only; refusals arrive as the kafka-python errors consumers.endings sorts on."""
+failures only; refusals arrive as the kafka-python errors consumers.tracked_sends sorts on."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.broker]
 
 
 def test_tracked_and_untracked_sends_report_as_kafka_python_does(broker, tmp_path):
-    from inflight.consumers.rd_producer import RdProducer
+    from inflight.transport.librdkafka_producer import RdProducer
 
     settings = make_settings(broker, f"sqlite:///{tmp_path / 'x.db'}", partitions=1,
                              kafka_max_message_bytes=10_000)
