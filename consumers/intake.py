@@ -98,8 +98,7 @@ class Intake:
         `template_takes_tools`: the engine's chat template renders tool definitions (they
         are handed to it instead of rendered into the messages here)."""
         self.settings = settings
-        self.serving = serving
-        self.topics = serving.topics
+        self.serve(serving)
         self.engine = engine
         self.publish = publish
         self.settled = settled
@@ -130,6 +129,11 @@ class Intake:
         self.commits = WatermarkCommits(self.tracker, metrics)
 
     # -- lifecycle ------------------------------------------------------------------------
+    def serve(self, serving: Serving) -> None:
+        """The model and topics this intake reads (before `open`)."""
+        self.serving = serving
+        self.topics = serving.topics
+
     def open(self) -> "Intake":
         s = self.settings
         self.consumer = group_consumer(s, self.topics.group, max_poll_records=self.max_inflight)

@@ -7,14 +7,16 @@ it announces, and which requests are for it.
     serving.record(now)       # schemas.registry.ModelRecord to announce
 
 The model id is INFLIGHT_SERVED_MODEL_NAME (`inflight worker --served-model-name`), else the
-model folder's name. A worker serves the default model when INFLIGHT_DEFAULT_MODEL is unset
-(one model per deployment) or names its model; a request with no `model` (or `default`) is
-the default model's. Anything else that reaches a worker (a producer wrote it to another
+model folder's name. A worker serves the default model when INFLIGHT_DEFAULT_MODEL names its
+model, or, unset, unless live workers of another model read the default's topics already
+(consumers/worker.py reads the registry at start); a request with no `model` (or `default`)
+is the default model's. Anything else that reaches a worker (a producer wrote it to another
 model's topic) ends `model_not_found` and never runs on these weights.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +69,10 @@ class Serving:
     @property
     def default(self) -> bool:
         return self.topics.default
+
+    def named(self, settings: Settings) -> "Serving":
+        """The same model on its own topics and group (another model is the default)."""
+        return dataclasses.replace(self, topics=ModelTopics.named(settings, self.model))
 
     def accepts(self, model: str | None) -> bool:
         """Whether a request naming `model` is for this worker's weights."""

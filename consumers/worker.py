@@ -27,7 +27,8 @@ talks to the database.
 
 Models (consumers/served_model.py): a worker serves one model, INFLIGHT_SERVED_MODEL_NAME
 (default: the folder's name). It reads that model's request topics in that model's group
-(the default model: today's names), creates them at start when missing and allowed
+(the default model: today's names; which model that is, INFLIGHT_DEFAULT_MODEL, else the
+first model whose workers the registry shows there), creates them at start when missing and allowed
 (INFLIGHT_WORKER_CREATE_TOPICS), announces itself on the registry topic at start and every
 INFLIGHT_REGISTRY_HEARTBEAT_S (transport/registry_writer.py), withdraws when it stops, and
 ends a request for another model `model_not_found`. Its metrics carry `model_name`.
@@ -139,10 +140,11 @@ class Worker:
         signal.signal(signal.SIGINT, self.stop)
 
     def open(self) -> "Worker":
-        s, topics = self.settings, self.serving.topics
+        s = self.settings
+        self._resolve_topics()
+        topics = self.serving.topics
         if s.worker_create_topics:
             self._create_topics()
-        self._check_registry()
         self.producer = results_producer(s)
         self.publisher.producer = self.producer
         self.intake.open()
@@ -181,29 +183,43 @@ class Worker:
         if created:
             log.info("worker %s: created topics %s", self.name, ", ".join(created))
 
-    def _check_registry(self) -> None:
-        """Refuse to start where live workers of another model read the same request topic
-        (two models without INFLIGHT_DEFAULT_MODEL would both read the default's): each would
-        end the other's requests model_not_found. A registry not read within
-        REGISTRY_CHECK_S is logged and skipped."""
+    def _resolve_topics(self) -> None:
+        """Which topics to read, given the live registry. A worker that would read the
+        default model's topics where live workers of another model read them already:
+        with INFLIGHT_DEFAULT_MODEL unset (no model named the default), the first model
+        there keeps them and this one reads its model's own (a warning says to name the
+        default); with it set, the deployment disagrees with itself: ConfigError. A
+        registry not read within REGISTRY_CHECK_S is logged, and the settings decide."""
         topics = self.serving.topics
+        if not topics.default:
+            return
         reader = RegistryReader(self.settings, name="worker-registry").start()
         try:
             if not reader.wait_ready(REGISTRY_CHECK_S):
                 log.warning("worker %s: the model registry was not read within %.0fs (%s); "
-                            "starting without checking it", self.name, REGISTRY_CHECK_S,
-                            reader.error or "no answer")
+                            "reading %s as the default model", self.name, REGISTRY_CHECK_S,
+                            reader.error or "no answer", topics.requests)
                 return
-            clash = sorted({r.model for r in reader.live()
+            there = sorted({r.model for r in reader.live()
                             if r.requests_topic == topics.requests and r.model != self.serving.model})
         finally:
             reader.close()
-        if clash:
-            raise ConfigError(
-                f"live workers of model(s) {', '.join(map(repr, clash))} read {topics.requests}, "
-                f"the topic this worker of {self.serving.model!r} would read: every process of a "
-                "deployment of several models needs INFLIGHT_DEFAULT_MODEL (the model that "
-                "keeps today's topics); the others read their own (docs/service.md, models)")
+        if not there:
+            return
+        if self.settings.default_model is None:
+            self.serving = self.serving.named(self.settings)
+            self.intake.serve(self.serving)
+            log.warning("worker %s: live workers of %s read the default model's topics (%s); "
+                        "this worker of %r reads its model's own (%s). Set "
+                        "INFLIGHT_DEFAULT_MODEL on every process to say which model is the "
+                        "default", self.name, ", ".join(map(repr, there)), topics.requests,
+                        self.serving.model, self.serving.topics.requests)
+            return
+        raise ConfigError(
+            f"live workers of model(s) {', '.join(map(repr, there))} read {topics.requests}, "
+            f"the default model's topic, but INFLIGHT_DEFAULT_MODEL here is "
+            f"{self.settings.default_model!r}: every process of the deployment needs the same "
+            "INFLIGHT_DEFAULT_MODEL (docs/service.md, many models)")
 
     def start(self) -> "Worker":
         """Start the engine and publisher threads (the intake runs in the caller's)."""

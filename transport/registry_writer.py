@@ -69,7 +69,7 @@ class RegistryAnnouncer:
         try:
             self._producer.produce(self.topic, value, key, on_delivery=self._delivered)
             self.sent += 1
-        except (BufferError, Exception) as exc:  # noqa: BLE001 - never fatal to the worker
+        except Exception as exc:  # noqa: BLE001 - BufferError & co: never fatal to the worker
             self._failed(exc)
 
     def _delivered(self, err: Any, _msg: Any) -> None:

@@ -139,23 +139,33 @@ def test_two_models_each_request_on_its_own_weights(broker, tiny_model, tiny_mod
         svc_a.stop()
 
 
-def test_a_second_model_that_would_read_the_defaults_topics_refuses_to_start(
-        broker, tiny_model, tiny_model_b, tmp_path):
-    """Two models and no INFLIGHT_DEFAULT_MODEL: each worker would think it serves the
-    default and read today's topics, ending the other's requests model_not_found. The
-    second one sees the first live on the registry and says what to set."""
+def test_which_model_is_the_default_when_none_is_named(broker, tiny_model, tiny_model_b,
+                                                        tmp_path):
+    """INFLIGHT_DEFAULT_MODEL unset: the first model up keeps today's topics, a second
+    model's worker reads its own (it sees the first live on the registry); the same model
+    again scales out on the default's. Set, but not agreeing with the live workers: the
+    worker refuses to start rather than read another model's topic."""
     from inflight.consumers.worker import Worker
     from inflight.schemas.errors import ConfigError
 
     s = make_settings(broker, f"sqlite:///{tmp_path / 'db'}", served_model_name=A)
     first = Worker(s, tiny_engine(tiny_model)).open()
     try:
-        second = Worker(s.updated(served_model_name=B), tiny_engine(tiny_model_b))
+        assert first.serving.default and first.serving.topics.requests == s.topic_requests
+        second = Worker(s.updated(served_model_name=B), tiny_engine(tiny_model_b)).open()
+        try:
+            assert not second.serving.default
+            assert second.serving.topics == ModelTopics.named(s, B)
+            assert second.intake.topics == second.serving.topics
+        finally:
+            second.close()
+        again = Worker(s, tiny_engine(tiny_model)).open()  # scale-out of the default
+        assert again.serving.default
+        again.close()
+        wrong = Worker(s.updated(served_model_name=B, default_model=B), tiny_engine(tiny_model_b))
         with pytest.raises(ConfigError, match="INFLIGHT_DEFAULT_MODEL") as err:
-            second.open()
+            wrong.open()
         assert A in str(err.value) and s.topic_requests in str(err.value)
-        # the same model again is scale-out, not a clash
-        Worker(s, tiny_engine(tiny_model)).open().close()
     finally:
         first.close()
 
