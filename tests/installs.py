@@ -76,8 +76,10 @@ def build_wheel(out: Path) -> Path:
 
 def dev_site_dirs() -> list[Path]:
     """The dev environment's site-packages folders, in import order."""
+    prefix = Path(sys.prefix).resolve()  # the dev venv itself may live inside the tree (.venv)
     return [Path(p) for p in sys.path if p.rstrip("/").endswith("site-packages")
-            and Path(p).is_dir() and not Path(p).resolve().is_relative_to(ROOT)]
+            and Path(p).is_dir() and (not Path(p).resolve().is_relative_to(ROOT)
+                                      or Path(p).resolve().is_relative_to(prefix))]
 
 
 def dependency_closure(requirements: list[str]) -> set[str]:
