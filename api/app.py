@@ -29,7 +29,7 @@ from inflight.api.limits import BodyLimitMiddleware
 from inflight.api.metrics import ApiMetrics, MetricsMiddleware
 from inflight.api.routes import (batches, chat, completions, files, health, message_batches,
                                  messages, models, requests)
-from inflight.api.served_models import ServedModels
+from inflight.api.served_models import ApiModels, default_context
 from inflight.api.streams import Streams
 from inflight.api.upload_sweep import sweep_uploads
 from inflight.producers import Client
@@ -38,10 +38,12 @@ from inflight.schemas import Settings
 from inflight.schemas.errors import ConfigError, InflightError
 from inflight.store import Store
 from inflight.store.migrate import current_revision, head_revision
+from inflight.transport.registry_reader import RegistryReader
 
 log = logging.getLogger("inflight.api")
 
 API_VERSION = "1"
+REGISTRY_WAIT_S = 5.0   # at start: read the model registry this long before serving
 
 
 def _open_store(settings: Settings) -> Store:
@@ -79,7 +81,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = await to_thread.run_sync(_open_store, settings)
         # the one reader of the results topics every stream of this process follows
         results = ResultsReader(settings, max_follows=settings.api_max_streams, name="api").start()
-        client = Client(settings, store=store, results=results)
+        # the one reader of the model registry: /v1/models and every route by model
+        registry = RegistryReader(settings, name="api-registry").start()
+        client = Client(settings, store=store, results=results, registry=registry,
+                        registry_wait_s=0.0,
+                        default_context=await to_thread.run_sync(default_context, settings))
         slots = db_slots(store)
         keys = KeyCache(store, settings.api_key_cache_s, slots) if settings.api_auth else None
         if keys is None:
@@ -90,6 +96,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         unreachable = await to_thread.run_sync(_warm_producer, client, settings)
         if unreachable is not None:
             broker.failed(unreachable)
+        elif not await to_thread.run_sync(registry.wait_ready, REGISTRY_WAIT_S):
+            log.warning("api: the model registry (%s) was not read within %.0fs (%s); "
+                        "named models answer 503 until it is", settings.topic_models,
+                        REGISTRY_WAIT_S, registry.error or "no answer")
         app.state.ctx = ApiContext(settings=settings, store=store, client=client, keys=keys,
                                    streams=Streams(results, metrics,
                                                    settings.api_wait_timeout_s,
@@ -97,7 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                    metrics=metrics,
                                    finals=FinalAnswers(settings.api_final_cache_bytes),
                                    db_slots=slots,
-                                   models=await to_thread.run_sync(ServedModels, settings),
+                                   models=ApiModels(client.models_client),
                                    broker=broker)
         sweep = asyncio.get_running_loop().create_task(
             sweep_uploads(store, settings.api_upload_grace_s), name="upload-sweep")
@@ -112,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             with contextlib.suppress(InflightError, Exception):
                 await to_thread.run_sync(client.close)
             await to_thread.run_sync(results.close)
+            await to_thread.run_sync(registry.close)
             store.close()
 
     app = FastAPI(title="inflight", version=API_VERSION, lifespan=lifespan, debug=False,

@@ -18,7 +18,7 @@ from inflight.api.cache import FinalAnswers
 from inflight.api.group_commit import ClaimQueue
 from inflight.api.group_read import ViewQueue
 from inflight.api.metrics import ApiMetrics
-from inflight.api.served_models import ServedModels
+from inflight.api.served_models import ApiModels
 from inflight.api.streams import Streams
 from inflight.producers import Client
 from inflight.schemas import InferenceRequest, Settings
@@ -47,7 +47,7 @@ class ApiContext:
     metrics: ApiMetrics
     finals: FinalAnswers
     db_slots: anyio.CapacityLimiter
-    models: ServedModels
+    models: ApiModels
     broker: BrokerHealth
     claims: ClaimQueue = field(init=False)
     views: ViewQueue = field(init=False)
@@ -60,8 +60,9 @@ class ApiContext:
         """Run a blocking store call on one of the database threads."""
         return await to_thread.run_sync(fn, *args, limiter=self.db_slots)
 
-    async def publish(self, req: InferenceRequest) -> None:
-        """Send one request and wait until Kafka acknowledged it, at most
+    async def publish(self, req: InferenceRequest, topic: str | None = None) -> None:
+        """Send one request (to `topic`: its route's; None: its model's) and wait until
+        Kafka acknowledged it, at most
         INFLIGHT_API_PUBLISH_TIMEOUT_S; BrokerError otherwise. While the broker is known to
         be down, a 503 at once (api/broker_health.py)."""
         self.broker.check()
@@ -80,7 +81,8 @@ class ApiContext:
             with anyio.fail_after(timeout):
                 # NOTE: abandoned on timeout: a send can block on metadata while the broker
                 # is away; the thread ends on its own, the client gets its 503 now
-                future = await to_thread.run_sync(self.client.send, req, abandon_on_cancel=True)
+                future = await to_thread.run_sync(self.client.send, req, topic,
+                                                  abandon_on_cancel=True)
                 future.add_callback(lambda _meta: loop.call_soon_threadsafe(settle, None))
                 future.add_errback(lambda exc: loop.call_soon_threadsafe(settle, exc))
                 await done

@@ -27,7 +27,8 @@ from inflight.api.errors import APIError, error_body
 from inflight.api.responses import json_response
 from inflight.api.streams import ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
-from inflight.schemas import ErrorEvent, FinalEvent, TokenEvent
+from inflight.producers.models_client import Route
+from inflight.schemas import PRIORITY_BATCH, ErrorEvent, FinalEvent, TokenEvent
 from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
                                      ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
                                      ERR_PROMPT_TOO_LONG)
@@ -57,18 +58,30 @@ def timeout_error(ctx: ApiContext, exc: Exception) -> APIError:
                     code="timeout")
 
 
-async def submit(ctx: ApiContext, req: Any, owner: str | None, metric: str) -> ApiStream:
-    """File `req` for `owner`, publish it and follow its events; the caller closes the
-    stream or hands it to the response that does (api/streams.py)."""
-    existing = await ctx.claims.claim(queued_row(req), owner)
+async def submit(ctx: ApiContext, req: Any, owner: str | None, metric: str,
+                 route: Route | None = None) -> ApiStream:
+    """File `req` for `owner`, publish it to its model's topic (`route`: ctx.models.resolve,
+    None: the default model) and follow its events; the caller closes the stream or hands
+    it to the response that does (api/streams.py)."""
+    if route is not None:
+        req = routed(req, route)
+    existing = await ctx.claims.claim(queued_row(req, route.name if route else None), owner)
     if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
         raise APIError(500, "request id collision; retry")
-    stream = await open_and_publish(ctx, req, owner)
+    stream = await open_and_publish(ctx, req, owner,
+                                    route.topic(req.priority >= PRIORITY_BATCH) if route else None)
     ctx.metrics.inc(metric)
+    ctx.metrics.submitted(route.name if route is not None else ctx.models.default.name, metric)
     return stream
 
 
-async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None) -> ApiStream:
+def routed(req: Any, route: Route) -> Any:
+    """The request as its model's workers read it (no `model` for the default model)."""
+    return req if req.model == route.model else req.model_copy(update={"model": route.model})
+
+
+async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None,
+                           topic: str | None = None) -> ApiStream:
     """Follow the filed request, then publish it: every event of it lands in the stream,
     so it needs no replay. A refused publish unfiles the request (the client may retry)."""
     try:
@@ -77,7 +90,7 @@ async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None) -> ApiS
         await ctx.db(release_request, ctx.store, req.request_id, owner)
         raise
     try:
-        await ctx.publish(req)
+        await ctx.publish(req, topic)
     except BaseException:
         stream.close()
         await ctx.db(release_request, ctx.store, req.request_id, owner)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 import orjson
 
 from inflight.api.errors import APIError
-from inflight.producers.batch_lines import LineChecker
+from inflight.producers.batch_lines import LineChecker, ModelLookup
 from inflight.schemas.errors import SchemaError
 from inflight.schemas.json_text import BOM, ERR_JSON, parse_json
 from inflight.schemas.settings import Settings
@@ -174,16 +174,19 @@ class RequestItems:
 
 
 def message_batch_lines(pieces: Iterable[bytes], *, batch_id: str, settings: Settings,
-                        context: int | None) -> Iterator[bytes]:
+                        context: int | None,
+                        models: ModelLookup | None = None) -> Iterator[bytes]:
     """The body's requests as JSONL lines (each ending in a newline), checked against the
     upload caps and, each, as the batch will check it (producers.batch_lines: parameters,
-    unique custom_ids, the served model's context): a bad request refuses the whole batch
-    with the path of its bad field, as Anthropic's API does (APIError)."""
+    unique custom_ids, a served model and its context): a bad request refuses the whole
+    batch with the path of its bad field, as Anthropic's API does (APIError)."""
     s = settings
     items = RequestItems(s.api_max_line_bytes)
     checker = LineChecker(batch_id, "/v1/messages", context=context,
-                           max_prompt_chars=s.max_prompt_chars,
-                           max_line_bytes=s.kafka_max_message_bytes)
+                          max_prompt_chars=s.max_prompt_chars,
+                          max_line_bytes=s.kafka_max_message_bytes, models=models,
+                          one_model=s.batch_one_model_per_file,
+                          default_topic=s.topic_requests_batch)
     i = 0
     for piece in pieces:
         for raw in items.feed(piece):

@@ -1,4 +1,5 @@
-"""Counters of the API process: responses by route and status, plus a few named counters;
+"""Counters of the API process: responses by route and status, requests submitted by model
+(`model_name`, vLLM's label) and kind, plus a few named counters;
 Prometheus text at GET /metrics and a one-line summary in the log every
 `INFLIGHT_METRICS_INTERVAL_S` (the per-request access log is off by default).
 
@@ -23,6 +24,7 @@ NAMED = ("submitted", "submit_groups", "poll_groups", "duplicates", "cancels", "
 class ApiMetrics:
     def __init__(self, interval_s: float = 10.0):
         self.responses: Counter[tuple[str, str, int]] = Counter()
+        self.by_model: Counter[tuple[str, str]] = Counter()   # (model, kind) -> submitted
         self.values: dict[str, int] = dict.fromkeys(NAMED, 0)
         self.open_streams = 0
         self.seconds_total = 0.0
@@ -31,6 +33,10 @@ class ApiMetrics:
 
     def inc(self, name: str, n: int = 1) -> None:
         self.values[name] += n
+
+    def submitted(self, model: str, kind: str) -> None:
+        """One request of `kind` (a NAMED counter: chat_completions, ...) for `model`."""
+        self.by_model[(model, kind)] += 1
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         self.responses[(method, route, status)] += 1
@@ -51,6 +57,10 @@ class ApiMetrics:
         for (method, route, status), n in sorted(self.responses.items()):
             lines.append(f'inflight_api_responses_total{{method="{method}",route="{route}",'
                          f'status="{status}"}} {n}')
+        lines.append("# TYPE inflight_api_model_requests_total counter")
+        for (model, kind), n in sorted(self.by_model.items()):
+            name = model.replace("\\", "\\\\").replace('"', '\\"')
+            lines.append(f'inflight_api_model_requests_total{{model_name="{name}",kind="{kind}"}} {n}')
         lines.append("# TYPE inflight_api_response_seconds_total counter")
         lines.append(f"inflight_api_response_seconds_total {self.seconds_total:.6f}")
         lines.append("# TYPE inflight_api_open_streams gauge")

@@ -42,12 +42,14 @@ from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.kafka_io import LRUSet, close_without_leaving, group_consumer
 from inflight.consumers.metrics import Metrics
 from inflight.consumers.offsets import OffsetTracker
+from inflight.consumers.served_model import Serving
 from inflight.consumers.thread_messages import (Aborted, Admitted, HandBack, PartitionsAssigned,
                                                 PartitionsRevoked, PublisherCommand, Rebalance,
                                                 Rejected, Settled, TicketState)
 from inflight.consumers.watermark_commits import WatermarkCommits
-from inflight.schemas import ERR_INVALID_REQUEST, SchemaError, Settings, decode_request
+from inflight.schemas import SchemaError, Settings, decode_request
 from inflight.schemas.base import ID_RE
+from inflight.schemas.events import ERR_MODEL_NOT_FOUND
 
 log = logging.getLogger("inflight.worker")
 
@@ -88,12 +90,15 @@ class Intake:
     def __init__(self, settings: Settings, engine: EngineLoop,
                  publish: queue.SimpleQueue[PublisherCommand],
                  settled: queue.SimpleQueue[Settled], *, attempt_prefix: str, max_inflight: int,
-                 metrics: Metrics, engine_metrics: EngineMetrics | None = None,
+                 metrics: Metrics, serving: Serving,
+                 engine_metrics: EngineMetrics | None = None,
                  publisher_behind: Callable[[], bool] = lambda: False,
                  template_takes_tools: bool = False):
-        """`template_takes_tools`: the engine's chat template renders tool definitions
-        (they are handed to it instead of rendered into the messages here)."""
+        """`serving`: the model this worker serves, the topics and group it reads;
+        `template_takes_tools`: the engine's chat template renders tool definitions (they
+        are handed to it instead of rendered into the messages here)."""
         self.settings = settings
+        self.serve(serving)
         self.engine = engine
         self.publish = publish
         self.settled = settled
@@ -124,10 +129,15 @@ class Intake:
         self.commits = WatermarkCommits(self.tracker, metrics)
 
     # -- lifecycle ------------------------------------------------------------------------
+    def serve(self, serving: Serving) -> None:
+        """The model and topics this intake reads (before `open`)."""
+        self.serving = serving
+        self.topics = serving.topics
+
     def open(self) -> "Intake":
         s = self.settings
-        self.consumer = group_consumer(s, s.worker_group, max_poll_records=self.max_inflight)
-        self.consumer.subscribe([s.topic_requests, s.topic_requests_batch],
+        self.consumer = group_consumer(s, self.topics.group, max_poll_records=self.max_inflight)
+        self.consumer.subscribe([self.topics.requests, self.topics.batch],
                                 listener=_Rebalance(self._rebalances))
         self.cancels = CancelListener(s)  # from now - INFLIGHT_CANCEL_LOOKBACK_S
         return self
@@ -199,7 +209,7 @@ class Intake:
         if closed:
             want = set(assigned)
         elif self._interactive_busy:
-            want = {tp for tp in assigned if tp.topic != self.settings.topic_requests}
+            want = {tp for tp in assigned if tp.topic != self.topics.requests}
         else:
             want = set()
         paused = self.consumer.paused()
@@ -214,7 +224,7 @@ class Intake:
         interactive = False
         now = time.time()
         for tp, recs in records.items():
-            interactive |= tp.topic == self.settings.topic_requests
+            interactive |= tp.topic == self.topics.requests
             for rec in recs:
                 self._receive(tp, rec, now)
         self._interactive_busy = interactive
@@ -238,6 +248,11 @@ class Intake:
             self._reject(tp, rec, rid, exc.code, exc.message, exc.field, None)
             return
         rid = req.request_id
+        if not self.serving.accepts(req.model):  # written to another model's topic
+            self._reject(tp, rec, rid, ERR_MODEL_NOT_FOUND,
+                         self.serving.refusal(req.model, tp.topic), "model", req.batch_id,
+                         model=req.model)
+            return
         job = self.by_id.get(rid)
         if job is not None or rid in self.recent:
             # Same id again: one run. A running (or unacknowledged) twin settles this
@@ -281,14 +296,15 @@ class Intake:
             self.by_id[job.request_id] = job
 
     def _reject(self, tp: TopicPartition, rec: ConsumerRecord, rid: str | None, code: str,
-                message: str, field: str | None, batch_id: str | None) -> None:
+                message: str, field: str | None, batch_id: str | None,
+                model: str | None = None) -> None:
         ticket = next(self._tickets)
         self.jobs[ticket] = Job(ticket, rid, None, tp, [(tp, rec.offset)])
         self._publish(Rejected(
             ticket=ticket, request_id=rid, code=code, message=message, field=field,
             batch_id=batch_id, source=_source(tp, rec.offset),
             raw=rec.value if rec.value is not None else b"", headers=list(rec.headers or []),
-            key=rec.key))
+            key=rec.key, model=model))
 
     def _publish(self, item: PublisherCommand) -> None:
         """Hand `item` to the publisher (never waits: see the module's NOTE)."""

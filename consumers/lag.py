@@ -23,22 +23,26 @@ from inflight.schemas.settings import Settings
 
 log = logging.getLogger("inflight.lag")
 
+LABELS = ["model_name", "group", "topic", "partition"]
+
 
 class LagProbe:
     def __init__(self, settings: Settings, group: str, topics: list[str],
-                 registry: CollectorRegistry, interval_s: float = 5.0):
+                 registry: CollectorRegistry, interval_s: float = 5.0, model_name: str = ""):
+        """`model_name`: the served model (vLLM's label), beside group, topic, partition."""
         self.settings = settings
+        self.model_name = model_name
         self.group = group
         self.topics = list(topics)
         self.interval_s = interval_s
         self.lag = Gauge("inflight_kafka_consumer_lag",
                          "end offset - committed offset of the consumer group, per partition "
                          "(indicative only on the embedded broker)",
-                         ["group", "topic", "partition"], registry=registry)
+                         LABELS, registry=registry)
         self.committed = Gauge("inflight_kafka_committed_offset", "committed offset per partition",
-                               ["group", "topic", "partition"], registry=registry)
+                               LABELS, registry=registry)
         self.end = Gauge("inflight_kafka_end_offset", "log end offset per partition",
-                         ["group", "topic", "partition"], registry=registry)
+                         LABELS, registry=registry)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._admin: KafkaAdminClient | None = None
@@ -76,7 +80,7 @@ class LagProbe:
         for tp in parts:
             end = ends.get(tp)
             done = committed.get(tp, -1)
-            labels = (self.group, tp.topic, str(tp.partition))
+            labels = (self.model_name, self.group, tp.topic, str(tp.partition))
             if end is not None:
                 self.end.labels(*labels).set(end)
             self.committed.labels(*labels).set(max(done, 0))

@@ -7,6 +7,10 @@ gauges. Components add their own metrics to `self.registry` (consumers.engine_me
 vLLM's names for the engine; consumers.lag: consumer lag per partition; the recorder's
 batch size and commit latency histograms below).
 
+`labels` are constant labels of every counter and gauge of the instance: a worker's
+`model_name` (vLLM's label, as on its engine metrics), so a deployment of several models
+reads each one's path apart.
+
 NOTE: no global registry: two workers in one process (tests) never share a metric.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
@@ -52,16 +57,23 @@ DOC = {
 
 
 class Metrics:
-    def __init__(self, component: str, interval_s: float = 10.0):
+    def __init__(self, component: str, interval_s: float = 10.0,
+                 labels: dict[str, str] | None = None):
         self.component = component
+        self.labels = dict(labels or {})
         self.values: dict[str, float] = dict.fromkeys(COUNTERS + GAUGES, 0)
         self.interval_s = interval_s
         self.registry = CollectorRegistry()
         self.port: int | None = None
-        self._counters = {n: Counter(f"inflight_{component}_{n}", DOC[n], registry=self.registry)
-                          for n in COUNTERS}
-        self._gauges = {n: Gauge(f"inflight_{component}_{n}", DOC[n], registry=self.registry)
-                        for n in GAUGES}
+        names = list(self.labels)
+
+        def labelled(metric: Any) -> Any:
+            return metric.labels(**self.labels) if names else metric
+
+        self._counters = {n: labelled(Counter(f"inflight_{component}_{n}", DOC[n], names,
+                                              registry=self.registry)) for n in COUNTERS}
+        self._gauges = {n: labelled(Gauge(f"inflight_{component}_{n}", DOC[n], names,
+                                          registry=self.registry)) for n in GAUGES}
         self._last_summary = time.monotonic()
         self._server = None
         self._lock = threading.Lock()
@@ -81,10 +93,12 @@ class Metrics:
     def __getitem__(self, name: str) -> float:
         return self.values[name]
 
-    def histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-        """A histogram `inflight_<component>_<name>` in this instance's registry."""
-        return Histogram(f"inflight_{self.component}_{name}", doc, buckets=buckets,
-                         registry=self.registry)
+    def histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+        """A histogram `inflight_<component>_<name>` in this instance's registry (with the
+        instance's labels set)."""
+        h = Histogram(f"inflight_{self.component}_{name}", doc, list(self.labels),
+                      buckets=buckets, registry=self.registry)
+        return h.labels(**self.labels) if self.labels else h
 
     # -- output ---------------------------------------------------------------------------
     def summary(self) -> str:

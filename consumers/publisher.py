@@ -92,11 +92,12 @@ class EventPublisher:
     def __init__(self, settings: Settings, producer: ResultsProducer | None,
                  settled: queue.SimpleQueue[Settled], *, worker: str, metrics: Metrics,
                  engine_metrics: EngineMetrics | None = None,
-                 logprobs: LogprobShaper | None = None):
+                 logprobs: LogprobShaper | None = None, model: str | None = None):
         """`producer`: None until the worker opens (set `producer` before start());
         `logprobs`: the shaper of the engine's tokenizer (None: requests that asked for
-        logprobs get none)."""
+        logprobs get none); `model`: the served model id, on every final event."""
         self.settings = settings
+        self.model = model
         self.settled = settled
         self.worker = worker
         self.metrics = metrics
@@ -371,7 +372,7 @@ class EventPublisher:
                                             batch_id=job.batch_id, submitted_at=job.submitted_at,
                                             queued_at=job.queued_at, logprobs=lps,
                                             prompt_logprobs=prompt_lps,
-                                            tool_calls=calls or None)
+                                            tool_calls=calls or None, model=self.model)
         except (orjson.JSONEncodeError, TypeError) as exc:
             self._engine_error(st, ERR_INTERNAL, f"the final event could not be encoded: {exc}")
             return
@@ -387,12 +388,13 @@ class EventPublisher:
         self._reject(Rejected(ticket=job.ticket, request_id=job.request_id, code=code,
                               message=message, field=None, batch_id=job.batch_id,
                               source=job.source, raw=raw, headers=job.headers, key=job.key,
-                              attempt=job.attempt))
+                              attempt=job.attempt, model=self.model))
 
     def _reject(self, r: Rejected) -> None:
         key = r.request_id.encode() if r.request_id is not None else None
         value = event_bytes.error_event(r.request_id, r.attempt, r.code, r.message,
-                                        field=r.field, worker=self.worker, batch_id=r.batch_id)
+                                        field=r.field, worker=self.worker, batch_id=r.batch_id,
+                                        model=r.model)
         part = None if key is None else self._partition(self.topic_results, key_hash(key))
         messages = [Message(self.topic_results, key, value, None, FINAL, part)]
         if r.raw is not None:
@@ -408,7 +410,8 @@ class EventPublisher:
         key = a.request_id.encode()
         value = event_bytes.abort_event(a.request_id, a.attempt, worker=self.worker,
                                         batch_id=a.batch_id, submitted_at=a.submitted_at,
-                                        queued_at=a.queued_at, now=time.time())
+                                        queued_at=a.queued_at, now=time.time(),
+                                        model=self.model)
         self.metrics.inc("cancelled")
         self.tracked.track(Ending(a.ticket, a.request_id, a.attempt, a.batch_id,
                                   [Message(self.topic_results, key, value, None, FINAL,

@@ -70,6 +70,7 @@ class Rejected:
     headers: Headers = field(default_factory=list)
     key: bytes | None = None
     attempt: str | None = None
+    model: str | None = None                 # the model the request named (model_not_found)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from inflight.producers.models_client import ModelsClient
 from inflight.schemas import Settings
 from inflight.store import CANCELLED, EXPIRED, QUEUED, RUNNING, BatchRow, Store
 from inflight.store.models import utcnow
@@ -33,6 +34,17 @@ class JobContext:
     context_length: int | None = None   # producers.batch_lines.context_length
     model_name: str = "default"         # `model` in result bodies when a line names none
     worker: str = field(default_factory=lambda: f"pid{uuid.uuid4().hex[:6]}")
+    # the live registry, for each line's model (None: one of its own, reading the registry
+    # from the first line that names a model; the default model needs none)
+    models: ModelsClient | None = None
+
+    def __post_init__(self) -> None:
+        if self.models is None:
+            self.models = ModelsClient(self.settings, default_context=self.context_length)
+
+    def close(self) -> None:
+        if self.models is not None:
+            self.models.close()
 
 
 def expired(b: BatchRow) -> bool:

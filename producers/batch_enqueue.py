@@ -2,8 +2,9 @@
 
 Pass 1 checks every line (producers.batch_lines) and spools each request, already encoded,
 to a temporary file; any bad line fails the batch and nothing is published. Pass 2 reads
-the spool back and publishes in chunks. A task that resumes a half-published batch (after
-a crash) has no spool: it parses the input again from the first unpublished request.
+the spool back and publishes in chunks, each request to its model's batch topic (a file may
+mix models). A task that resumes a half-published batch (after a crash) has no spool: it
+parses the input again from the first unpublished request.
 """
 
 from __future__ import annotations
@@ -25,16 +26,17 @@ from inflight.store import CANCELLED, CANCELLING, FAILED, IN_PROGRESS, QUEUED, V
 from inflight.store.models import utcnow
 
 from inflight.producers.batch_context import JobContext, dispatch_marker, end_requests, expired
-from inflight.producers.batch_lines import LineChecker, LineError
+from inflight.producers.batch_lines import LineChecker, LineError, LineModel, model_lookup
 from inflight.producers.batch_output import write_refused_messages
 
 log = logging.getLogger("inflight.batch")
 
 MAX_RECORDED_ERRORS = 1000   # line errors kept in the batch row (the count is exact)
 PROGRESS_EVERY = 5000        # validated lines between progress updates
-_REC = struct.Struct("<HHI")  # spool record: len(request_id), len(custom_id), len(value)
+# spool record: len(request_id), len(custom_id), len(value), its LineModel's index
+_REC = struct.Struct("<HHIH")
 
-Chunk = list[tuple[str, str, bytes]]  # (request_id, custom_id, encoded request)
+Chunk = list[tuple[str, str, bytes, LineModel]]  # (request_id, custom_id, encoded, its model)
 
 
 def validate_and_enqueue(ctx: JobContext, batch_id: str) -> str:
@@ -57,12 +59,14 @@ def validate_and_enqueue(ctx: JobContext, batch_id: str) -> str:
     with tempfile.TemporaryFile(prefix=f"inflight-{batch_id[-12:]}-") as spool:
         try:
             if b.status == VALIDATING:
-                outcome = _validate(ctx, b, owner, spool)
+                routes: list[LineModel] = []
+                outcome = _validate(ctx, b, owner, spool, routes)
                 if outcome != IN_PROGRESS:
                     return outcome
                 b = store.require_batch(batch_id)
                 spool.seek(0)
-                return _enqueue(ctx, b, owner, _spooled(spool, ctx.settings.batch_enqueue_chunk))
+                return _enqueue(ctx, b, owner, _spooled(spool, ctx.settings.batch_enqueue_chunk,
+                                                        routes))
             return _enqueue(ctx, b, owner, _parsed(ctx, b))
         finally:
             store.release_batch(batch_id, owner)
@@ -72,12 +76,18 @@ def _checker(ctx: JobContext, b: BatchRow) -> LineChecker:
     s = ctx.settings
     return LineChecker(b.id, b.endpoint or "", context=ctx.context_length,
                        max_prompt_chars=s.max_prompt_chars,
-                       max_line_bytes=s.kafka_max_message_bytes)
+                       max_line_bytes=s.kafka_max_message_bytes,
+                       models=model_lookup(ctx.models) if ctx.models is not None else None,
+                       one_model=s.batch_one_model_per_file,
+                       default_topic=s.topic_requests_batch)
 
 
-def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes]) -> str:
+def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes],
+              routes: list[LineModel]) -> str:
+    """Pass 1; `routes` gets the line models the spool records index."""
     store, s = ctx.store, ctx.settings
     checker = _checker(ctx, b)
+    index: dict[LineModel, int] = {}
     errors: list[dict[str, Any]] = []
     n_bad = n_ok = n_lines = 0
     t0 = time.monotonic()
@@ -95,7 +105,12 @@ def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes]) -> str
                                       code="message_too_large")
                 if not n_bad:  # once a line is bad nothing is published: stop spooling
                     rid, cid_b = req.request_id.encode(), cid.encode()
-                    spool.write(_REC.pack(len(rid), len(cid_b), size) + rid + cid_b + value)
+                    route = checker.route_of(req)
+                    at = index.get(route)
+                    if at is None:
+                        at = index[route] = len(routes)
+                        routes.append(route)
+                    spool.write(_REC.pack(len(rid), len(cid_b), size, at) + rid + cid_b + value)
                 n_ok += 1
             except SchemaError as e:
                 n_bad += 1
@@ -139,17 +154,17 @@ def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes]) -> str
     return IN_PROGRESS
 
 
-def _spooled(spool: IO[bytes], size: int) -> Iterator[Chunk]:
-    """Chunks of the requests pass 1 spooled, in input order.
+def _spooled(spool: IO[bytes], size: int, routes: list[LineModel]) -> Iterator[Chunk]:
+    """Chunks of the requests pass 1 spooled, in input order (`routes`: their models).
 
     NOTE: their submitted_at is the validation time (they were encoded then), seconds
     before they are published; batch requests are not streamed, so nothing seeks by it."""
     chunk: Chunk = []
     while head := spool.read(_REC.size):
-        n_rid, n_cid, n_val = _REC.unpack(head)
+        n_rid, n_cid, n_val, at = _REC.unpack(head)
         body = spool.read(n_rid + n_cid + n_val)
         chunk.append((body[:n_rid].decode(), body[n_rid:n_rid + n_cid].decode(),
-                      body[n_rid + n_cid:]))
+                      body[n_rid + n_cid:], routes[at]))
         if len(chunk) >= size:
             yield chunk
             chunk = []
@@ -169,9 +184,12 @@ def _parsed(ctx: JobContext, b: BatchRow) -> Iterator[Chunk]:
         if skip:
             skip -= 1
             continue
-        cid, req = checker.check(no, raw)  # validated already: cannot fail on the same bytes
+        # validated already: cannot fail on the same bytes (a model whose workers all
+        # stopped meanwhile fails the line; the task fails the batch saying so)
+        cid, req = checker.check(no, raw)
         chunk.append((req.request_id, cid,
-                      encode(req.model_copy(update={"submitted_at": time.time()}))))
+                      encode(req.model_copy(update={"submitted_at": time.time()})),
+                      checker.route_of(req)))
         if len(chunk) >= ctx.settings.batch_enqueue_chunk:
             yield chunk
             chunk = []
@@ -200,11 +218,15 @@ def _enqueue(ctx: JobContext, b: BatchRow, owner: str, chunks: Iterator[Chunk]) 
         now = utcnow()
         store.insert_requests([{"id": rid, "batch_id": b.id, "custom_id": cid,
                                 "owner": b.owner, "status": QUEUED, "priority": PRIORITY_BATCH,
-                                "created_at": now} for rid, cid, _ in chunk])
+                                "model": route.name, "created_at": now}
+                               for rid, cid, _, route in chunk])
 
     def publish(chunk: Chunk) -> int:
-        ctx.publisher.publish_encoded(((rid, value) for rid, _, value in chunk),
-                                      topic=s.topic_requests_batch)
+        by_topic: dict[str, list[tuple[str, bytes]]] = {}
+        for rid, _, value, route in chunk:  # each to its model's batch topic, in order
+            by_topic.setdefault(route.topic, []).append((rid, value))
+        for topic, items in by_topic.items():
+            ctx.publisher.publish_encoded(items, topic=topic)
         return len(chunk)
 
     def settle(sent: Future[int]) -> bool:
@@ -239,8 +261,8 @@ def _enqueue(ctx: JobContext, b: BatchRow, owner: str, chunks: Iterator[Chunk]) 
             sending = pool.submit(publish, chunk)
         if sending is not None and not settle(sending):
             return "stopped"
-    log.info("batch %s: %d requests published to %s in %.1fs", b.id, done - b.lines_enqueued,
-             s.topic_requests_batch, time.monotonic() - t0)
+    log.info("batch %s: %d requests published in %.1fs", b.id, done - b.lines_enqueued,
+             time.monotonic() - t0)
     return "enqueued"
 
 

@@ -61,12 +61,14 @@ class _Resources:
         with self._lock:
             if self._ctx is None or self._pid != os.getpid():
                 store = Store.embedded(self.settings.database_url)
+                context = context_length(self.settings, self.model_dir)
+                # the client's models (the live registry) check and route each line's model
+                client = Client(self.settings, store=store, default_context=context)
                 self._ctx = JobContext(
-                    store=store, publisher=Client(self.settings, store=store),
-                    settings=self.settings,
-                    context_length=context_length(self.settings, self.model_dir),
-                    model_name=self.model_name,
-                    worker=f"{socket.gethostname()}:{os.getpid()}")
+                    store=store, publisher=client, settings=self.settings,
+                    context_length=context, model_name=self.model_name,
+                    worker=f"{socket.gethostname()}:{os.getpid()}",
+                    models=client.models_client)
                 self._pid = os.getpid()
             return self._ctx
 

@@ -16,11 +16,16 @@ Batch jobs (run by the Celery workers of `inflight jobs`; see producers.batch_jo
     client.cancel_batch(b.id); client.list_batches(); client.wait_batch(b.id, timeout=...)
     for line in client.batch_results(b.id): ...            # output lines (dicts), input order
 
-`Client` is a facade over three clients, one per job, each usable alone:
+Many models: `client.submit(..., model="gemma-3-270m")` goes to that model's topics;
+`client.models()` lists the models with live workers (the registry); a model nobody serves
+is a ModelNotFoundError (`allow_unserved=True` submits it anyway, for workers to come).
+
+`Client` is a facade over four clients, one per job, each usable alone:
 
     requests_client  RequestsClient (producers/requests_client.py): submit, submit_many,
                      send, flush, cancel, cancel_many, cancel_batch_requests,
-                     publish_encoded, topic_for, stream, wait (Kafka both ways)
+                     publish_encoded, topic_for, routed, stream, wait (Kafka both ways)
+    models_client    ModelsClient (producers/models_client.py): models, route (the registry)
     results_client   ResultsClient (producers/results_client.py): result, wait_many (the store)
     batches_client   BatchesClient (producers/batches_client.py): upload_file, create_batch,
                      get_batch, list_batches, cancel_batch, wait_batch, batch_file_lines,
@@ -38,6 +43,7 @@ from inflight.store import Store
 from inflight.transport.partitioner import partition_for
 
 from inflight.producers.batches_client import BatchesClient
+from inflight.producers.models_client import ModelsClient, Route, ServedModel
 from inflight.producers.requests_client import (MAX_FOLLOWS, STREAM_CLOCK_SLACK_S,
                                                 STREAM_LOOKBACK_S, RequestsClient, build_request)
 from inflight.producers.results_client import NOT_FOUND, RequestNotFound, Result, ResultsClient
@@ -47,8 +53,10 @@ if TYPE_CHECKING:
     from celery import Celery
     from kafka import KafkaProducer
 
+    from inflight.transport.registry_reader import RegistryReader
+
 __all__ = ["Client", "Result", "RequestNotFound", "NOT_FOUND", "partition_for", "build_request",
-           "STREAM_CLOCK_SLACK_S", "STREAM_LOOKBACK_S", "MAX_FOLLOWS"]
+           "STREAM_CLOCK_SLACK_S", "STREAM_LOOKBACK_S", "MAX_FOLLOWS", "ServedModel", "Route"]
 
 
 def _by(part: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -66,15 +74,22 @@ def _by(part: str, method: Callable[..., Any]) -> Callable[..., Any]:
 
 class Client:
     def __init__(self, settings: Settings | None = None, *, store: Store | None = None,
-                 results: ResultsReader | None = None, max_follows: int = MAX_FOLLOWS):
+                 results: ResultsReader | None = None, max_follows: int = MAX_FOLLOWS,
+                 registry: RegistryReader | None = None, registry_wait_s: float | None = None,
+                 default_context: int | None = None):
         """`store`: the store to read (closed with the Client); `results`: a results reader
         to share (the API's); by default the Client starts its own at the first stream or
-        wait (one per Client, whatever it follows)."""
+        wait (one per Client, whatever it follows). `registry`: a registry reader to share
+        (by default one starts at the first named model or models() call); `registry_wait_s`:
+        how long a call waits for it to be read the first time (ModelsClient)."""
         self.settings = settings or Settings()
         self.max_follows = max_follows
         self.results_client = ResultsClient(self.settings, store)
+        self.models_client = ModelsClient(
+            self.settings, registry, default_context=default_context,
+            **({} if registry_wait_s is None else {"wait_s": registry_wait_s}))
         self.requests_client = RequestsClient(self.settings, self.results_client, reader=results,
-                                              max_follows=max_follows)
+                                              max_follows=max_follows, models=self.models_client)
         self.batches_client = BatchesClient(self.settings, lambda: self.results_client.store,
                                             self.requests_client)
 
@@ -109,6 +124,7 @@ class Client:
 
     # -- submit and stream (RequestsClient) ---------------------------------------------------
     topic_for = _by("requests_client", RequestsClient.topic_for)
+    routed = _by("requests_client", RequestsClient.routed)
     submit = _by("requests_client", RequestsClient.submit)
     send = _by("requests_client", RequestsClient.send)
     flush = _by("requests_client", RequestsClient.flush)
@@ -119,6 +135,10 @@ class Client:
     publish_encoded = _by("requests_client", RequestsClient.publish_encoded)
     stream = _by("requests_client", RequestsClient.stream)
     wait = _by("requests_client", RequestsClient.wait)
+
+    # -- the models served now (ModelsClient) ---------------------------------------------------
+    models = _by("models_client", ModelsClient.models)
+    route = _by("models_client", ModelsClient.route)
 
     # -- results from the store (ResultsClient) -----------------------------------------------
     result = _by("results_client", ResultsClient.result)

@@ -7,7 +7,9 @@
     requests.wait(rid, timeout=60)          # the stored Result once it is final
 
 The request_id is the idempotency key and the Kafka key (so all events of a request sit
-in one results partition). Priority >= PRIORITY_BATCH goes to the batch topic. Streams and
+in one results partition). A request goes to its model's topics (producers/models_client.py:
+no `model` = the default model's, today's names); priority >= PRIORITY_BATCH goes to the
+batch topic of its model. Streams and
 waits follow requests through one results reader (producers/results_reader.py, started at
 the first of them, or a shared one given); the store (producers/results_client.py) gives
 a request's submit time when it was not submitted here, and the state a wait returns.
@@ -33,6 +35,7 @@ from inflight.schemas.codec import schema_error
 from inflight.schemas.errors import BrokerError, CapacityError, InflightError
 from inflight.transport.kafka_clients import producer
 
+from inflight.producers.models_client import ModelsClient
 from inflight.producers.results_client import NOT_FOUND, RequestNotFound, Result, ResultsClient
 from inflight.producers.results_reader import ResultsReader
 
@@ -45,11 +48,12 @@ WAIT_STORE_EVERY_S = 2.0     # wait: the store is asked this often meanwhile
 def build_request(item: Any, params: SamplingParams | Mapping | None = None, *,
              request_id: str | None = None, priority: int | None = None,
              metadata: Mapping | None = None, batch_id: str | None = None,
-             tools: list | None = None, tool_choice: Any = None) -> InferenceRequest:
+             tools: list | None = None, tool_choice: Any = None,
+             model: str | None = None) -> InferenceRequest:
     """One InferenceRequest from what submit accepts (a prompt, chat messages, token ids, a
     dict of request fields or an InferenceRequest); SchemaError names the first bad field."""
     if isinstance(item, InferenceRequest):
-        return item
+        return item if model is None else item.model_copy(update={"model": model})
     fields: dict[str, Any] = {}
     if isinstance(item, Mapping):
         fields.update(item)
@@ -77,6 +81,8 @@ def build_request(item: Any, params: SamplingParams | Mapping | None = None, *,
         fields["tools"] = tools
     if tool_choice is not None:
         fields["tool_choice"] = tool_choice
+    if model is not None:
+        fields["model"] = model
     fields.setdefault("submitted_at", time.time())
     try:
         return InferenceRequest.model_validate(fields)
@@ -90,11 +96,14 @@ class RequestsClient:
     for streams and waits (see the module doc)."""
 
     def __init__(self, settings: Settings, results: ResultsClient, *,
-                 reader: ResultsReader | None = None, max_follows: int = MAX_FOLLOWS):
+                 reader: ResultsReader | None = None, max_follows: int = MAX_FOLLOWS,
+                 models: ModelsClient | None = None):
         """`reader`: a results reader to share (the API's); by default one is started at
-        the first stream or wait (one per client, whatever it follows)."""
+        the first stream or wait (one per client, whatever it follows). `models`: where
+        requests are routed by model (by default one of its own)."""
         self.settings = settings
         self.results = results
+        self.models = models or ModelsClient(settings)
         self.max_follows = max_follows
         self._producer: KafkaProducer | None = None
         self._submitted: dict[str, float] = {}
@@ -121,6 +130,7 @@ class RequestsClient:
         return self._reader
 
     def close(self) -> None:
+        self.models.close()
         if self._reader is not None and self._own_reader:
             self._reader.close()
             self._reader = None
@@ -131,33 +141,49 @@ class RequestsClient:
 
     # -- submit -----------------------------------------------------------------------------
     def topic_for(self, req: InferenceRequest) -> str:
-        s = self.settings
-        return s.topic_requests_batch if req.priority >= PRIORITY_BATCH else s.topic_requests
+        """The request topic of the request's model (its batch topic from PRIORITY_BATCH)."""
+        return self.models.topics(req.model).for_priority(req.priority >= PRIORITY_BATCH)
+
+    def routed(self, req: InferenceRequest,
+               allow_unserved: bool = False) -> tuple[InferenceRequest, str]:
+        """The request as its model's workers read it (the default model named by any of
+        its names carries no `model`) and its topic; ModelNotFoundError for a model no
+        live worker serves, unless `allow_unserved`."""
+        route = self.models.route(req.model, allow_unserved=allow_unserved)
+        if route.model != req.model:
+            req = req.model_copy(update={"model": route.model})
+        return req, route.topic(req.priority >= PRIORITY_BATCH)
 
     def submit(self, prompt: Any = None, params: SamplingParams | Mapping | None = None, *,
                messages: list | None = None, request_id: str | None = None,
                priority: int = PRIORITY_INTERACTIVE, metadata: Mapping | None = None,
                batch_id: str | None = None, flush: bool = True, tools: list | None = None,
-               tool_choice: Any = None) -> str:
+               tool_choice: Any = None, model: str | None = None,
+               allow_unserved: bool = False) -> str:
         """Publish one request; returns its request_id (a given one is kept).
         `params` may constrain the output (`{"structured_outputs": {"json": SCHEMA}}`, or
         SamplingParams(structured_outputs=...)); `tools` / `tool_choice` (OpenAI's, with
-        `messages`) make the answer's tool calls come back on the result (`tool_calls`)."""
+        `messages`) make the answer's tool calls come back on the result (`tool_calls`).
+        `model`: the model to run it (None: the default model); a model no live worker
+        serves is a ModelNotFoundError, unless `allow_unserved` (it waits in its topic for
+        workers that start later)."""
         req = build_request(messages if messages is not None else prompt, params,
-                       request_id=request_id, priority=priority, metadata=metadata,
-                       batch_id=batch_id, tools=tools, tool_choice=tool_choice)
-        self._publish(req)
+                            request_id=request_id, priority=priority, metadata=metadata,
+                            batch_id=batch_id, tools=tools, tool_choice=tool_choice,
+                            model=model)
+        self._publish(*self.routed(req, allow_unserved))
         if flush:
             self.flush()
         return req.request_id
 
-    def _publish(self, req: InferenceRequest) -> None:
-        self.send(req)
+    def _publish(self, req: InferenceRequest, topic: str) -> None:
+        self.send(req, topic)
         self._submitted[req.request_id] = req.submitted_at
 
-    def send(self, req: InferenceRequest) -> FutureRecordMetadata:
-        """Publish one request without flushing or remembering it (long-running servers);
-        returns kafka-python's future, done when Kafka acknowledged the record."""
+    def send(self, req: InferenceRequest, topic: str | None = None) -> FutureRecordMetadata:
+        """Publish one request (already routed: `routed`) to `topic` (None: its model's,
+        `topic_for`) without flushing or remembering it (long-running servers); returns
+        kafka-python's future, done when Kafka acknowledged the record."""
         value = encode(req)
         if len(value) > self.settings.kafka_max_message_bytes:
             raise SchemaError(f"request {req.request_id} is {len(value)} bytes, over the limit "
@@ -165,7 +191,8 @@ class RequestsClient:
                               "(INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten the prompt",
                               request_id=req.request_id, code="message_too_large")
         try:
-            return self.producer.send(self.topic_for(req), key=req.request_id.encode(), value=value)
+            return self.producer.send(topic or self.topic_for(req), key=req.request_id.encode(),
+                                      value=value)
         except KafkaError as exc:
             raise BrokerError(f"publishing {req.request_id} failed: {exc}") from exc
 
@@ -178,9 +205,13 @@ class RequestsClient:
 
     def submit_many(self, items: Iterable[Any], params: SamplingParams | Mapping | None = None, *,
                     priority: int | None = None, batch_id: str | None = None,
-                    progress: bool | None = None, flush_every: int = 1000) -> list[str]:
+                    progress: bool | None = None, flush_every: int = 1000,
+                    model: str | None = None, allow_unserved: bool = False) -> list[str]:
         """Publish many requests (strings, messages, dicts of request fields or
-        InferenceRequests); a progress bar shows on long inputs. Returns the ids in order."""
+        InferenceRequests); a progress bar shows on long inputs. Returns the ids in order.
+        `model`: for items that name none; each request goes to its own model's topics (a
+        model nobody serves: ModelNotFoundError before anything more is sent, unless
+        `allow_unserved`)."""
         from tqdm import tqdm
 
         total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]
@@ -189,7 +220,9 @@ class RequestsClient:
         with tqdm(total=total, disable=not show, unit="req", desc="submit") as bar:
             for item in items:
                 req = build_request(item, params, priority=priority, batch_id=batch_id)
-                self._publish(req)
+                if model is not None and req.model is None:
+                    req = req.model_copy(update={"model": model})
+                self._publish(*self.routed(req, allow_unserved))
                 ids.append(req.request_id)
                 bar.update(1)
                 if len(ids) % flush_every == 0:

@@ -46,6 +46,7 @@ class Result:
     finished_at: float | None = None
     logprobs: dict[str, Any] | None = None  # requests.logprobs (see store.rows.logprobs_column)
     tool_calls: list[dict[str, Any]] | None = None  # a request with tools: its answer's calls
+    model: str | None = None  # the model it named, then the one that ran it
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -91,7 +92,7 @@ class ResultsClient:
                       batch_id=row.batch_id, worker=row.worker,
                       created_at=row.created_at.timestamp() if row.created_at else None,
                       finished_at=row.finished_at.timestamp() if row.finished_at else None,
-                      logprobs=row.logprobs, tool_calls=row.tool_calls)
+                      logprobs=row.logprobs, tool_calls=row.tool_calls, model=row.model)
 
     def wait_many(self, request_ids: Iterable[str], timeout: float | None = None,
                   poll_s: float = 0.2) -> dict[str, Result]:

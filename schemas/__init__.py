@@ -8,7 +8,8 @@ from inflight.schemas.batch import parse_batch_line
 from inflight.schemas.codec import (DEFAULT_MAX_BYTES, DEFAULT_MAX_PROMPT_CHARS, decode_request,
                            decode_result, encode, salvage_request_id)
 from inflight.schemas.errors import (BrokerError, CapacityError, ConfigError, InflightError, ModelError,
-                            NotFoundError, Retry, SchemaError, StateError, StoreError)
+                            ModelNotFoundError, NotFoundError, Retry, SchemaError, StateError,
+                            StoreError)
 from inflight.schemas.events import (ERR_CANCELLED, ERR_ENGINE, ERR_EXPIRED, ERR_INTERNAL,
                             ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
                             ERR_PROMPT_TOO_LONG, FINISH_REASONS, ErrorEvent, FinalEvent, FinishReason, ResultEvent,
@@ -19,7 +20,8 @@ from inflight.schemas.requests import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, Cha
 from inflight.schemas.settings import Settings
 
 __all__ = [
-    "BrokerError", "CapacityError", "ConfigError", "InflightError", "ModelError", "Retry",
+    "BrokerError", "CapacityError", "ConfigError", "InflightError", "ModelError",
+    "ModelNotFoundError", "Retry",
     "SchemaError", "Settings", "StoreError", "NotFoundError", "StateError",
     "SamplingParams", "StructuredOutputs", "ChatMessage", "InferenceRequest", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
     "TokenEvent", "StatusEvent", "FinalEvent", "ErrorEvent", "ResultEvent", "Usage", "Timings", "FinishReason",

@@ -14,8 +14,9 @@ with `tool_use` blocks. `output_config: {"format": {"type": "json_schema", "sche
 (Anthropic's structured outputs; the beta's `output_format` is the same `format`)
 constrains the answer to S (structured_outputs json).
 Parameters we cannot honour (thinking, images, an assistant turn last -- a prefill the
-chat template cannot continue -- ...) are rejected by name; `model`, `metadata`,
-`service_tier` and `stream: false` are ignored.
+chat template cannot continue -- ...) are rejected by name; `metadata`, `service_tier` and
+`stream: false` are ignored. `model` becomes the request's model (the batch job checks that
+a live worker serves it).
 
 `messages_request` converts the params alone: POST /v1/messages uses it too, so a Message
 Batches line and a Messages API call accept the same parameters with the same messages.
@@ -34,8 +35,9 @@ MESSAGES_URL = "/v1/messages"
 
 _PARAM_MAP = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
               "top_k": "top_k", "stop_sequences": "stop"}
-_IGNORED = {"model", "metadata", "service_tier"}
+_IGNORED = {"metadata", "service_tier"}
 _FIELD_PATHS = (("params.stop", "params.stop_sequences"), ("messages", "params.messages"),
+                ("model", "params.model"),
                 ("tools.", "params.tools."), ("tool_choice", "params.tool_choice"),
                 ("params.structured_outputs.json", "params.output_config.format.schema"),
                 ("params.structured_outputs", "params.output_config.format"),
@@ -90,9 +92,12 @@ def messages_request(params: Any, raw: bytes, *, request_id: str, batch_id: str 
                     "params", request_id)
     sampling: dict[str, Any] = {}
     unknown = []
+    model = None
     for key, value in params.items():
         if key in _PARAM_MAP:
             sampling[_PARAM_MAP[key]] = value
+        elif key == "model":
+            model = value
         elif key in _IGNORED or key in ("messages", "system", "tools", "tool_choice"):
             continue
         elif key == "output_config":
@@ -115,6 +120,8 @@ def messages_request(params: Any, raw: bytes, *, request_id: str, batch_id: str 
                     request_id)
     fields = {"request_id": request_id, "messages": _messages(params, raw, request_id),
               "params": sampling, "batch_id": batch_id, "priority": priority, "stream": stream}
+    if model is not None:
+        fields["model"] = model
     fields.update(tool_fields(params, raw, request_id))
     try:
         return request_from_object(fields, raw=raw, max_prompt_chars=max_prompt_chars)

@@ -23,6 +23,14 @@ MAX_ID_LEN = 128
 
 WireId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 
+# Model ids (a request's `model`, a worker's served model name): visible ASCII, no spaces,
+# at most 128 characters ("SmolLM2-135M-Instruct", "google/gemma-3-270m", "team-a:adapter").
+# Kafka topic names are made from them (transport/model_topics.py: a reversible escape).
+MODEL_ID_PATTERN = r"^[!-~]{1,128}$"
+MODEL_ID_RE = re.compile(MODEL_ID_PATTERN)
+MAX_MODEL_ID_LEN = 128
+ModelId = Annotated[str, StringConstraints(pattern=MODEL_ID_PATTERN)]
+
 
 def _finite_json(value: Any, _depth: int = 0) -> Any:
     """Reject NaN/inf anywhere inside a free-form JSON value (metadata)."""

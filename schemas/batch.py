@@ -4,9 +4,10 @@ OpenAI line:
     {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
      "body": {"model": "...", "messages": [...], "max_tokens": 64, "temperature": 0}}
 
-`custom_id` becomes `request_id`. Body parameters we cannot honour are rejected by name
-(SchemaError); harmless ones (`model`, `user`, `n: 1`, `stream: false`, zero penalties)
-are ignored. Requests read from a batch file get `batch_id` and, unless the line sets one,
+`custom_id` becomes `request_id`, `body.model` the request's model (the batch job checks
+that a live worker serves it: producers/batch_lines.py). Body parameters we cannot honour
+are rejected by name (SchemaError); harmless ones (`user`, `n: 1`, `stream: false`, zero
+penalties) are ignored. Requests read from a batch file get `batch_id` and, unless the line sets one,
 `priority=PRIORITY_BATCH` (lower number = more urgent, so batch work yields).
 """
 
@@ -40,7 +41,7 @@ _PARAM_MAP = {
     "stop_token_ids": "stop_token_ids",  # vLLM extension
     "ignore_eos": "ignore_eos",    # vLLM extension
 }
-_IGNORED = {"model", "user", "metadata", "store", "service_tier"}
+_IGNORED = {"user", "metadata", "store", "service_tier"}
 # key -> values that mean "the default", which we can ignore
 _HARMLESS_IF = {
     "n": (1,),
@@ -117,6 +118,7 @@ def _same(value: Any, ok: Any) -> bool:
 
 # InferenceRequest field path -> the OpenAI line's path, so errors name what the user wrote
 _OPENAI_PATHS = (("request_id", "custom_id"), ("params.", "body."), ("messages", "body.messages"),
+                 ("model", "body.model"),
                  ("prompt_token_ids", "body.prompt"), ("prompt", "body.prompt"))
 
 
@@ -172,6 +174,9 @@ def _openai_body_fields(obj: dict[str, Any], raw: bytes, rid: str) -> dict[str, 
         if key in _PARAM_MAP:
             if value is not None or key == "seed":
                 params[_PARAM_MAP[key]] = value
+        elif key == "model":
+            if value is not None:
+                fields["model"] = value
         elif key in _IGNORED:
             continue
         elif key in _HARMLESS_IF:

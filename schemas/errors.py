@@ -12,7 +12,7 @@ from inflight.engine.errors import (CapacityError, ConfigError, InflightError, M
 
 __all__ = ["InflightError", "SchemaError", "ConfigError", "CapacityError", "BrokerError",
            "StoreError", "NotFoundError", "StateError", "ModelError", "Retry",
-           "MissingExtraError", "needs_extra", "require_extra"]
+           "MissingExtraError", "ModelNotFoundError", "needs_extra", "require_extra"]
 
 
 class SchemaError(InflightError, ValueError):
@@ -45,6 +45,16 @@ class StoreError(InflightError):
 
 class NotFoundError(InflightError, LookupError):
     """A batch, file or request id that does not exist (or belongs to someone else)."""
+
+
+class ModelNotFoundError(NotFoundError):
+    """A request names a model no live worker serves (the registry: `inflight models`).
+    `model` is the name asked for, `served` the model ids served now."""
+
+    def __init__(self, message: str, *, model: str, served: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.model = model
+        self.served = served
 
 
 class StateError(InflightError):

@@ -21,9 +21,13 @@ from inflight.engine.errors import (ERR_CANCELLED, ERR_ENGINE, ERR_EXPIRED, ERR_
                                     ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA,
                                     ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG,
                                     ERR_STORE_REJECTED)
-from inflight.schemas.base import SCHEMA_VERSION, WireId, WireModel
+from inflight.schemas.base import SCHEMA_VERSION, ModelId, WireId, WireModel
 from inflight.schemas.params import TokenId
 from inflight.schemas.tools import ToolCall
+
+# A request for a model the worker that read it does not serve (written to another model's
+# topic): it never runs on the wrong weights (transport/model_topics.py).
+ERR_MODEL_NOT_FOUND = "model_not_found"
 
 # Engine finish reasons, as vLLM spells them.
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -127,6 +131,8 @@ class FinalEvent(WireModel):
     timings: Timings = Field(default_factory=Timings)
     worker: str | None = Field(default=None, max_length=256)
     batch_id: WireId | None = None
+    # the model that ran it (the worker's served model id)
+    model: ModelId | None = None
     # when the request asked (SamplingParams.logprobs / prompt_logprobs); the model's raw
     # log-probabilities. prompt_logprobs[0] is None: the first token has no context.
     logprobs: Logprobs | None = None
@@ -155,6 +161,8 @@ class ErrorEvent(WireModel):
     final: Literal[True] = True
     worker: str | None = Field(default=None, max_length=256)
     batch_id: WireId | None = None
+    # the model the request named (None: it named none, or it could not be read)
+    model: ModelId | None = None
 
 
 ResultEvent = Annotated[Union[TokenEvent, StatusEvent, FinalEvent, ErrorEvent],

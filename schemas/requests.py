@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, ValidationInfo, model_validator
 
-from inflight.schemas.base import SCHEMA_VERSION, FieldError, FiniteJson, WireId, WireModel
+from inflight.schemas.base import (SCHEMA_VERSION, FieldError, FiniteJson, ModelId, WireId,
+                                   WireModel)
 from inflight.schemas.params import SamplingParams, StructuredOutputs, TokenId, WireSamplingParams
 from inflight.schemas.tools import (MAX_TOOLS_FIELD, ToolCall, ToolChoice, choice_name,
                                     tool_constraint)
@@ -55,6 +56,11 @@ class InferenceRequest(WireModel):
     Validation context `{"max_prompt_chars": N}` (decode_request passes it) rejects prompts
     longer than N characters (messages: the sum of their contents).
 
+    `model`: the model to run it (a model id the registry lists: `inflight models`, GET
+    /v1/models). None (absent) = the deployment's default model, on today's topics; a named
+    model goes to its own request topics (transport/model_topics.py), and a worker that
+    reads a request for a model it does not serve ends it `model_not_found`.
+
     `tools` / `tool_choice` / `parallel_tool_calls` (OpenAI's, with `messages`): the worker
     renders the tools into the prompt and reads calls out of the answer (FinalEvent
     .tool_calls); unless tool_choice is "none", the tools become the request's
@@ -63,6 +69,7 @@ class InferenceRequest(WireModel):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     request_id: WireId
+    model: ModelId | None = None
     prompt: Annotated[str, Field(min_length=1)] | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
     prompt_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKEN_IDS)] | None = None

@@ -103,17 +103,33 @@ class Settings(BaseSettings):
     topic_results_tokens: str = "inflight.results.tokens"  # coalesced token deltas (streams)
     topic_dlq: str = "inflight.requests.dlq"
     topic_cancel: str = "inflight.cancel"
+    # the model registry: every worker's announcement (compacted, one partition;
+    # schemas/registry.py)
+    topic_models: str = "inflight.models"
     worker_group: str = "inflight-workers"
     recorder_group: str = "inflight-recorder"
+    # partitions of a topic a worker or `inflight topics create --model` creates (the
+    # request topics of a model; `inflight topics create --partitions` overrides)
+    topic_partitions: int = Field(default=4, ge=1)
 
     # --- store ---------------------------------------------------------------------
     database_url: str = Field(default_factory=lambda: f"sqlite:///{_data_dir() / 'inflight.db'}")
 
     # --- model / engine ------------------------------------------------------------
     model_path: str | None = None  # a Hugging Face folder; None = the bundled SmolLM2-135M
-    # the model id clients see (GET /v1/models) and send as `model`; None = the name of the
-    # model folder (INFLIGHT_MODEL_PATH's, else the bundled model's). `default` always works.
+    # the model id a worker serves (and announces; clients send it as `model`); None = the
+    # name of the model folder (INFLIGHT_MODEL_PATH's, else the bundled model's)
     served_model_name: str | None = None
+    # Several models in one deployment: the model whose workers read today's request
+    # topics (inflight.requests, inflight.requests.batch) and which a request without a
+    # `model` goes to; the others each read their own (transport/model_topics.py). None =
+    # one model per deployment: every worker serves the default (an API or client names
+    # it by INFLIGHT_SERVED_MODEL_NAME / the folder's name until a worker announces it).
+    default_model: str | None = None
+    # registry heartbeats: a worker re-announces what it serves this often; readers (the
+    # API, clients, batch jobs) drop a worker not heard from for registry_ttl_s
+    registry_heartbeat_s: float = Field(default=5.0, gt=0.0)
+    registry_ttl_s: float = Field(default=20.0, gt=0.0)
     cache_dir: Path = Field(default_factory=_cache_dir)
     data_dir: Path = Field(default_factory=_data_dir)
     max_prompt_chars: int = 200_000
@@ -154,9 +170,15 @@ class Settings(BaseSettings):
     # Context length checked against max_tokens at validation; None = max_position_embeddings
     # from <model folder>/config.json (read as JSON; the model is never loaded).
     batch_context_length: int | None = None
+    # OpenAI's rule: every line of a batch file names the same model (off: a file may mix
+    # models line by line, each line going to its model's batch topic)
+    batch_one_model_per_file: bool = False
 
     # --- worker ----------------------------------------------------------------------
     worker_max_inflight: int = 64
+    # create the worker's request topics (and the shared ones) at start when they are
+    # missing, if the broker allows it (a refusal is logged; `inflight topics create --model`)
+    worker_create_topics: bool = True
     metrics_port: int | None = None  # worker's /metrics port; the recorder serves on port + 1
     metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a container, so Prometheus can scrape it
     # Idempotent producers break on Tansu after a broker restart: off unless asked for.
@@ -261,6 +283,19 @@ class Settings(BaseSettings):
             opts["ssl.ca.location"] = self.kafka_ssl_cafile
         return opts
 
+    def served_model_id(self) -> str:
+        """The model id these settings serve: INFLIGHT_SERVED_MODEL_NAME, else the model
+        folder's name (INFLIGHT_MODEL_PATH's, else the bundled model's)."""
+        if self.served_model_name:
+            return self.served_model_name
+        return Path(self.model_path).name if self.model_path else BUNDLED_MODEL_NAME
+
+    def default_model_id(self) -> str:
+        """The deployment's default model as these settings name it (INFLIGHT_DEFAULT_MODEL,
+        else served_model_id): what a request without `model` runs on. A live registry
+        entry of the default model says its real name (producers/models_client.py)."""
+        return self.default_model or self.served_model_id()
+
     def topics(self) -> list[str]:
         return [self.topic_requests, self.topic_requests_batch, self.topic_results,
-                self.topic_results_tokens, self.topic_dlq, self.topic_cancel]
+                self.topic_results_tokens, self.topic_dlq, self.topic_cancel, self.topic_models]

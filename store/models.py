@@ -59,6 +59,7 @@ FILE_UPLOADING, FILE_UPLOADED = "uploading", "uploaded"
 FILE_STATUSES: tuple[str, ...] = (FILE_UPLOADING, FILE_UPLOADED)
 
 ID_LEN = 128
+MODEL_LEN = 128  # schemas.base.MAX_MODEL_ID_LEN
 OWNER_LEN = 256
 # none_as_null: Python None is SQL NULL (so COALESCE in upserts keeps earlier values).
 JSONType = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
@@ -106,6 +107,9 @@ class RequestRow(Base):
     batch_id: Mapped[str | None] = mapped_column(String(ID_LEN), index=True)
     custom_id: Mapped[str | None] = mapped_column(String(512))  # the batch line's custom_id
     owner: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)  # set by the HTTP API
+    # the model the request named (resolved by the router), then the one that ran it (the
+    # final event's: the worker's served model id)
+    model: Mapped[str | None] = mapped_column(String(MODEL_LEN), index=True)
     status: Mapped[str] = mapped_column(String(16), index=True)
     priority: Mapped[int | None] = mapped_column(Integer)
     prompt: Mapped[Any | None] = mapped_column(JSONType)  # str | chat messages | {"prompt_token_ids"}

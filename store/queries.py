@@ -55,6 +55,7 @@ PG_UPSERT_CHUNK = 5000  # rows per INSERT statement on Postgres (its parameters 
 # and their array types (text, not varchar(n): an explicit cast to varchar(n) would cut a
 # long value silently, where the insert into the column refuses it)
 _UNNEST_COLUMNS = {"id": "text", "batch_id": "text", "custom_id": "text", "owner": "text",
+                   "model": "text",
                    "status": "text", "priority": "integer", "attempts": "integer",
                    "created_at": "timestamptz", "updated_at": "timestamptz"}
 

@@ -28,14 +28,16 @@ def _ts(epoch: float | None) -> datetime | None:
         return None
 
 
-def queued_row(req: InferenceRequest) -> dict[str, Any]:
+def queued_row(req: InferenceRequest, model: str | None = None) -> dict[str, Any]:
+    """The `queued` row of a request; `model`: its model's name when the request names
+    none (the default model, as the router resolved it)."""
     params = req.params.to_dict()
     if req.tools is not None:  # kept with the parameters they turn into
         params["tools"] = [t.model_dump(mode="json", exclude_none=True) for t in req.tools]
         params["tool_choice"] = (req.tool_choice if isinstance(req.tool_choice, str) or
                                  req.tool_choice is None else req.tool_choice.model_dump(mode="json"))
     return {"id": req.request_id, "batch_id": req.batch_id, "status": QUEUED,
-            "priority": req.priority, "prompt": req.prompt_json(),
+            "model": req.model or model, "priority": req.priority, "prompt": req.prompt_json(),
             "params": params,
             "created_at": _ts(req.submitted_at)}
 
@@ -56,7 +58,7 @@ def final_row(event: FinalEvent) -> dict[str, Any]:
             "status": FINISH_TO_STATUS[event.finish_reason], "output": event.text,
             "output_token_ids": list(event.token_ids), "finish_reason": event.finish_reason,
             "usage": event.usage.model_dump(mode="json"),
-            "timings": t.model_dump(mode="json"), "worker": event.worker,
+            "timings": t.model_dump(mode="json"), "worker": event.worker, "model": event.model,
             "started_at": _ts(t.scheduled_at if t.scheduled_at is not None else t.queued_at),
             "finished_at": _ts(t.finished_at), "logprobs": logprobs_column(event),
             "tool_calls": (None if event.tool_calls is None
@@ -80,7 +82,8 @@ def error_row(event: ErrorEvent, *, now: float | None = None) -> dict[str, Any]:
         raise ValueError("an ErrorEvent without request_id has no row; it lives in the DLQ only")
     status = _ERROR_CODE_TO_STATUS.get(event.code, FAILED)
     return {"id": event.request_id, "batch_id": event.batch_id, "status": status,
-            "finish_reason": "error" if status == FAILED else "abort", "error": event.message, "error_code": event.code, "worker": event.worker,
+            "finish_reason": "error" if status == FAILED else "abort", "error": event.message,
+            "error_code": event.code, "worker": event.worker, "model": event.model,
             "finished_at": _ts(now) if now is not None else datetime.now(timezone.utc)}
 
 
@@ -95,7 +98,8 @@ def stand_in_rows(row: dict[str, Any], reason: str) -> list[dict[str, Any]]:
     refused value."""
     status = row["status"]
     if status in (QUEUED, RUNNING):
-        identity = ("id", "status", "batch_id", "priority", "custom_id", "owner", "created_at")
+        identity = ("id", "status", "batch_id", "priority", "custom_id", "owner", "created_at",
+                    "model")
         return [{k: row.get(k) for k in identity},
                 {"id": row["id"], "status": status}]
     final_status = FAILED if status == COMPLETED else status
@@ -106,7 +110,7 @@ def stand_in_rows(row: dict[str, Any], reason: str) -> list[dict[str, Any]]:
             "finish_reason": "error" if final_status == FAILED else row.get("finish_reason"),
             "error": message, "error_code": ERR_STORE_REJECTED,
             "finished_at": row.get("finished_at") or datetime.now(timezone.utc)}
-    keep = ("batch_id", "worker", "usage", "timings", "started_at")
+    keep = ("batch_id", "worker", "usage", "timings", "started_at", "model")
     return [bare | {k: row.get(k) for k in keep}, bare]
 
 

@@ -95,4 +95,14 @@ def tiny_model(tmp_path_factory):
 
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
+
+@pytest.fixture(scope="session")
+def tiny_model_b(tmp_path_factory):
+    """A second, different model for the tests of several models at once: a tiny random
+    Gemma 3 (tests/tiny_families.py) with a context of 256 (tiny_model's is 512)."""
+    from tests.tiny_families import write_tiny_family
+
+    return write_tiny_family(tmp_path_factory.mktemp("tiny-gemma3"), "gemma3",
+                             max_position_embeddings=256)
+
 # ==== end tiny model ====================================================================

@@ -23,6 +23,7 @@ def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -
         topic_results_tokens=f"t{tag}.results.tokens",
         topic_dlq=f"t{tag}.requests.dlq",
         topic_cancel=f"t{tag}.cancel",
+        topic_models=f"t{tag}.models",
         worker_group=f"t{tag}-workers",
         recorder_group=f"t{tag}-recorder",
         database_url=database_url,

@@ -7,6 +7,12 @@ that says which partition a request's key lands on.
                             kafka-python's send()/future interface
     partitioner.py          key -> partition (murmur2, Kafka's default partitioner): the
                             worker publishes a request's events where a reader looks for them
+    model_topics.py         a model's request topics and worker group (a reversible,
+                            Kafka-safe escape of its id; the default model: today's names)
+    topics_admin.py         creating the shared topics and each model's request topics
+    registry_reader.py      following the model registry (from offset 0; caught up when
+                            its own probe comes back, never by end offsets)
+    registry_writer.py      a worker's announcements on the registry and its tombstone
     kafka_records.py        tolerant record parsing (no fetched record stops a consumer)
     kafka_parked.py         kafka-python's fetcher: a resumed partition is read again
     kafka_wrap.py           wrapping a kafka-python method once per process (the two fixes)

@@ -34,6 +34,9 @@ class SubmitRequest(BaseModel):
         {"required": ["prompt"]}, {"required": ["messages"]}, {"required": ["prompt_token_ids"]}]})
 
     request_id: RequestId | None = None
+    model: Annotated[str, Field(max_length=256)] | None = Field(
+        default=None, description="the model to run it (GET /v1/models); absent or "
+                                  "`default`: the default model")
     prompt: Annotated[str, Field(min_length=1)] = None  # type: ignore[assignment]
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] = None  # type: ignore[assignment]
     prompt_token_ids: Annotated[list[TokenId], Field(min_length=1)] = None  # type: ignore[assignment]
@@ -96,6 +99,8 @@ class RequestObject(BaseModel):
     error: ErrorOut | None = None
     worker: str | None = None
     attempts: int = 0
+    model: str | None = Field(default=None, description="the model it named, then the one "
+                              "that ran it")
     logprobs: dict[str, Any] | None = Field(default=None, description="when params.logprobs "
                                             "was set: OpenAI's choice.logprobs object (plus "
                                             "prompt_logprobs when asked)")
@@ -126,13 +131,15 @@ def request_object(row: Any) -> dict[str, Any]:
             "priority": row.priority, "text": row.output, "token_ids": row.output_token_ids,
             "finish_reason": row.finish_reason, "usage": usage, "timings": row.timings,
             "error": error, "worker": row.worker, "attempts": row.attempts or 0,
-            "logprobs": row.logprobs, "tool_calls": row.tool_calls}
+            "model": row.model, "logprobs": row.logprobs, "tool_calls": row.tool_calls}
 
 
-def queued_object(req: InferenceRequest) -> dict[str, Any]:
-    """The request object of a request just filed (what POST answers, without re-reading)."""
+def queued_object(req: InferenceRequest, model: str | None = None) -> dict[str, Any]:
+    """The request object of a request just filed (what POST answers, without re-reading);
+    `model`: its model's name (the request carries none for the default model)."""
     return {"id": req.request_id, "object": "request", "status": "queued",
             "created_at": req.submitted_at, "started_at": None, "finished_at": None,
             "batch_id": req.batch_id, "priority": req.priority, "text": None,
             "token_ids": None, "finish_reason": None, "usage": None, "timings": None,
-            "error": None, "worker": None, "attempts": 0, "logprobs": None, "tool_calls": None}
+            "error": None, "worker": None, "attempts": 0, "model": req.model or model,
+            "logprobs": None, "tool_calls": None}

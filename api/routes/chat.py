@@ -47,11 +47,12 @@ PATH = "/v1/chat/completions"
                         **WAIT_ERRORS},
              summary="OpenAI-compatible chat completion (through the queue)")
 async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller) -> Any:
-    model = ctx.models.resolve(body.model).id  # an unknown model is a 404, as OpenAI's
+    route = ctx.models.resolve(body.model)
+    model = route.name  # an unknown model is a 404, as OpenAI's
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars, ctx.settings.kafka_max_message_bytes)
     tools = req.tools is not None and req.tool_choice != "none"
-    stream = await submit(ctx, req, caller.owner, "chat_completions")
+    stream = await submit(ctx, req, caller.owner, "chat_completions", route)
     if not body.stream:
         return await answer_when_final(ctx, stream,
                                        lambda final: completion(rid, model, final, tools), PATH)

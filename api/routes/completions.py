@@ -41,10 +41,11 @@ PATH = "/v1/completions"
                         **WAIT_ERRORS},
              summary="OpenAI-compatible text completion (through the queue)")
 async def completions(body: CompletionRequest, ctx: Ctx, caller: Caller) -> Any:
-    model = ctx.models.resolve(body.model).id
+    route = ctx.models.resolve(body.model)
+    model = route.name
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars, ctx.settings.kafka_max_message_bytes)
-    stream = await submit(ctx, req, caller.owner, "completions")
+    stream = await submit(ctx, req, caller.owner, "completions", route)
     if not body.stream:
         return await answer_when_final(ctx, stream,
                                        lambda final: completion(rid, model, body, final), PATH)

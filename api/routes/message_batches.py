@@ -32,6 +32,7 @@ from inflight.api.routes.batches import owned_batch, start
 from inflight.api.routes.files import stream_file
 from inflight.api.routing import ApiRoute
 from inflight.producers import batch_jobs
+from inflight.producers.batch_lines import model_lookup
 from inflight.schemas.anthropic_batch import MESSAGES_URL
 from inflight.store import new_file_id
 
@@ -76,7 +77,8 @@ async def create_message_batch(request: Request, ctx: Ctx, caller: Caller) -> Re
 
     def store_it() -> Any:
         lines = message_batch_lines(pieces(), batch_id=bid, settings=ctx.settings,
-                                    context=ctx.models.default.max_model_len)
+                                    context=ctx.models.default.max_model_len,
+                                    models=model_lookup(ctx.models.client))
         try:
             ctx.store.create_file(lines, purpose="batch", filename=f"{bid}_requests.jsonl",
                                   owner=caller.owner, file_id=fid)

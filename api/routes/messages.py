@@ -45,11 +45,12 @@ PATH = "/v1/messages"
                         **ANTHROPIC_WAIT_ERRORS},
              summary="Anthropic-compatible message (through the queue)")
 async def create_message(body: MessagesRequest, ctx: Ctx, caller: Caller) -> Any:
-    model = ctx.models.resolve(body.model).id
+    route = ctx.models.resolve(body.model)
+    model = route.name
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings)
     tools = req.tools is not None and req.tool_choice != "none"
-    stream = await submit(ctx, req, caller.owner, "messages")
+    stream = await submit(ctx, req, caller.owner, "messages", route)
     if not body.stream:
         return await answer_when_final(ctx, stream,
                                        lambda final: message(rid, model, final, tools), PATH)
@@ -62,9 +63,9 @@ async def create_message(body: MessagesRequest, ctx: Ctx, caller: Caller) -> Any
              responses=ANTHROPIC_WAIT_ERRORS,
              summary="Count a message's input tokens (a one-token request through the queue)")
 async def count_tokens(body: CountTokensRequest, ctx: Ctx, caller: Caller) -> Any:
-    ctx.models.resolve(body.model)
+    route = ctx.models.resolve(body.model)
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings)
-    stream = await submit(ctx, req, caller.owner, "token_counts")
+    stream = await submit(ctx, req, caller.owner, "token_counts", route)
     return await answer_when_final(
         ctx, stream, lambda final: {"input_tokens": final.usage.prompt_tokens}, PATH)

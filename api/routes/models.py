@@ -1,10 +1,11 @@
-"""OpenAI Models: what this API serves (api/served_models.py).
+"""OpenAI Models: the models with live workers (api/served_models.py: the registry).
 
     GET /v1/models              -> {"object": "list", "data": [Model, ...]}
-    GET /v1/models/{model_id}   -> Model (`default` names the served one); 404 otherwise
+    GET /v1/models/{model_id}   -> Model (`default` names the default model); 404 otherwise
 
-A Model carries vLLM's `max_model_len` (the context length the workers cap prompts and
-outputs at), null when the API cannot know it.
+A Model carries vLLM's `max_model_len` (the context length its workers cap prompts and
+outputs at) and `parent` (an adapter's base model; null for a base model). A model drops off
+once its last worker has not been heard from for INFLIGHT_REGISTRY_TTL_S.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class ModelObject(BaseModel):
     created: int
     owned_by: str
     max_model_len: int | None = None
+    parent: str | None = None
 
 
 class ModelList(BaseModel):
@@ -40,7 +42,7 @@ class ModelList(BaseModel):
 
 @router.get("", response_model=ModelList, summary="The served models")
 async def list_models(ctx: Ctx, caller: Caller) -> Response:
-    return json_response({"object": "list", "data": [m.card() for m in ctx.models.models]})
+    return json_response({"object": "list", "data": ctx.models.cards()})
 
 
 @router.get("/{model_id:path}", response_model=ModelObject, summary="One served model")

@@ -25,6 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from inflight.api.deps import Caller, Ctx, owns
 from inflight.api.errors import APIError, not_found
+from inflight.api.follow import routed
 from inflight.api.models.errors import OPENAI_ERRORS, SUBMIT_ERRORS
 from inflight.api.models.requests import RequestObject, SubmitRequest, queued_object, request_object
 from inflight.api.responses import json_response
@@ -33,6 +34,7 @@ from inflight.api.sse import sse, stored_events
 from inflight.api.streams import SSE_HEADERS, SSE_KEEPALIVE, ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
 from inflight.producers.requests_client import STREAM_CLOCK_SLACK_S, STREAM_LOOKBACK_S
+from inflight.schemas import PRIORITY_BATCH
 from inflight.schemas.errors import InflightError
 from inflight.store import FINAL_STATUSES, queued_row
 from inflight.store.owner_queries import release_request
@@ -47,8 +49,9 @@ PathId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
              summary="Submit one inference request")
 async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
     rid = body.request_id or uuid.uuid4().hex
-    req = body.to_wire(rid, ctx.settings.max_prompt_chars)
-    existing = await ctx.claims.claim(queued_row(req), caller.owner)
+    route = ctx.models.resolve(body.model)
+    req = routed(body.to_wire(rid, ctx.settings.max_prompt_chars), route)
+    existing = await ctx.claims.claim(queued_row(req, route.name), caller.owner)
     if existing is not None:
         if caller.owner != existing.owner:  # another key's id (or a Kafka-only one)
             raise APIError(409, f"request_id {rid!r} is already in use; choose another",
@@ -56,12 +59,13 @@ async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
         ctx.metrics.inc("duplicates")  # the first one is what runs; nothing is sent again
         return json_response(request_object(existing), 202)
     try:
-        await ctx.publish(req)
+        await ctx.publish(req, route.topic(req.priority >= PRIORITY_BATCH))
     except BaseException:
         await ctx.db(release_request, ctx.store, rid, caller.owner)
         raise
     ctx.metrics.inc("submitted")
-    return json_response(queued_object(req), 202)
+    ctx.metrics.submitted(route.name, "submitted")
+    return json_response(queued_object(req, route.name), 202)
 
 
 async def _owned_row(ctx: Ctx, caller: Caller, request_id: str) -> Any:

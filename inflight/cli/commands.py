@@ -85,7 +85,8 @@ def cmd_submit(args: Any, settings: Settings) -> int:
             print("inflight submit: give a prompt or --file FILE.jsonl", file=sys.stderr)
             return 2
         prompt = " ".join(args.prompt)
-        kw: dict[str, Any] = {"request_id": args.id, "batch_id": args.batch_id}
+        kw: dict[str, Any] = {"request_id": args.id, "batch_id": args.batch_id,
+                              "model": args.model, "allow_unserved": args.allow_unserved}
         if args.priority is not None:
             kw["priority"] = args.priority
         if args.chat:
@@ -115,7 +116,8 @@ def _submit_file(args: Any, client: Any) -> int:
             except SchemaError as exc:
                 bad += 1
                 print(f"{args.file}: {exc.message}", file=sys.stderr)
-    ids = client.submit_many(reqs, progress=None if not args.json else False)
+    ids = client.submit_many(reqs, progress=None if not args.json else False, model=args.model,
+                             allow_unserved=args.allow_unserved)
     cli_io.out(args, f"submitted {len(ids)} requests from {args.file}" + (f" ({bad} bad lines skipped)" if bad else ""),
          {"submitted": len(ids), "bad_lines": bad, "request_ids": ids})
     return 1 if bad else 0
@@ -210,6 +212,10 @@ def _add_worker_flags(w: Any) -> None:
     has a row for each."""
     w.add_argument("--model", dest="model_path", default=None,
                    help="a Hugging Face folder (default: INFLIGHT_MODEL_PATH or SmolLM2-135M)")
+    w.add_argument("--served-model-name", dest="served_model_name", default=None, metavar="NAME",
+                   help="the model id requests name (default: the folder's name); its "
+                        "request topics and group are its own unless it is "
+                        "INFLIGHT_DEFAULT_MODEL")
     w.add_argument("--max-inflight", dest="worker_max_inflight", type=int, default=None)
     w.add_argument("--metrics-port", dest="metrics_port", type=int, default=None,
                    help="Prometheus /metrics port")
@@ -262,6 +268,11 @@ def register(sub: Any) -> None:
     s.add_argument("--id", default=None, help="request id (idempotency key); default: a new uuid")
     s.add_argument("--batch-id", default=None)
     s.add_argument("--priority", type=int, default=None, help="lower = more urgent; >= 10 goes to the batch topic")
+    s.add_argument("--model", default=None, metavar="NAME",
+                   help="the model to run it (`inflight models`; default: the default model); "
+                        "with --file, for lines that name none")
+    s.add_argument("--allow-unserved", action="store_true",
+                   help="submit for a model no live worker serves yet (it waits in its topic)")
     _add_sampling(s)
     c = s.add_mutually_exclusive_group()  # structured outputs (docs/structured-outputs.md)
     c.add_argument("--json-schema", metavar="FILE", default=None,
@@ -296,8 +307,8 @@ def register(sub: Any) -> None:
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_cancel)
 
-    w = sub.add_parser("worker", help="run a GPU worker (group inflight-workers); every flag "
-                                      "wins over its INFLIGHT_* setting")
+    w = sub.add_parser("worker", help="run a GPU worker (group inflight-workers, or its "
+                                      "model's own); every flag wins over its INFLIGHT_* setting")
     _add_worker_flags(w)
     w.set_defaults(func=cmd_worker, extra="worker")
 

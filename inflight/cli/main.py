@@ -59,8 +59,10 @@ def cmd_broker(args, settings: Settings) -> int:
 
 def cmd_topics(args, settings: Settings) -> int:
     from inflight.cli.topics import create_topics
+    from inflight.transport.model_topics import ModelTopics
 
-    status = create_topics(settings, partitions=args.partitions)
+    models = [ModelTopics.of(settings, name) for name in args.model or ()]
+    status = create_topics(settings, partitions=args.partitions, models=models)
     cli_io.out(args, "\n".join(f"{t}: {s}" for t, s in status.items()), status)
     return 0
 
@@ -130,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     tsub = t.add_subparsers(dest="topics_cmd", required=True)
     tc = tsub.add_parser("create", help="create the project's topics (existing ones are kept)")
     tc.add_argument("--partitions", type=int, default=4)
+    tc.add_argument("--model", action="append", default=None, metavar="NAME",
+                    help="also the request topics of this model (repeatable; the default "
+                         "model's are today's names, INFLIGHT_DEFAULT_MODEL)")
     tc.add_argument("--json", action="store_true")
     tc.set_defaults(func=cmd_topics)
 
@@ -175,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     from inflight.cli import api_commands  # api, keys
 
     api_commands.register(sub)
+    from inflight.cli import models_commands  # models (the registry)
+
+    models_commands.register(sub)
     return p
 
 

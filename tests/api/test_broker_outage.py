@@ -51,7 +51,7 @@ def test_submits_fail_fast_while_the_broker_is_away_and_resume(tmp_path):
         assert http.get("/healthz").json()["status"] == "ok"  # alive all along
         # links the API hands out: under the configured public URL, whatever Host says
         made = http.post("/v1/messages/batches", headers={"Host": "evil.example"}, json={
-            "requests": [{"custom_id": "a", "params": {"model": "m", "max_tokens": 2, "messages": [
+            "requests": [{"custom_id": "a", "params": {"model": "default", "max_tokens": 2, "messages": [
                 {"role": "user", "content": "hi"}]}}]})
         assert made.status_code == 200, made.text
         api.ctx.store.transition_batch(made.json()["id"], "expired")

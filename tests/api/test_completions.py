@@ -78,8 +78,9 @@ def test_echo_and_logprobs_score_the_prompt(stack):
 def test_the_served_model_and_attempts(stack):
     key = stack.new_key()
     client = sdk(stack, key)
-    (model,) = client.models.list().data
+    (model,) = client.models.list().data  # its worker announces it (the registry)
     assert model.id == "tiny" and model.max_model_len == 512  # the tiny model's context
+    assert model.parent is None and client.models.retrieve("default").id == "tiny"
     done = client.chat.completions.create(model="default", max_tokens=3, temperature=0,
                                           messages=[{"role": "user", "content": "hi"}])
     assert done.model == "tiny"

@@ -125,13 +125,13 @@ def test_file_pages_end_and_deleted_files_go(bare):
 
 
 def test_models_are_listed_and_unknown_ones_are_404(bare):
+    """No worker runs: no model is listed; the default model still takes requests (they
+    wait in Kafka for its workers), any other name is a 404."""
     client = sdk(bare, bare.new_key())
-    (model,) = client.models.list().data
-    assert model.id == "SmolLM2-135M-Instruct" and model.object == "model"
-    assert client.models.retrieve(model.id).id == model.id
-    assert client.models.retrieve("default").id == model.id
-    with pytest.raises(openai.NotFoundError):
-        client.models.retrieve("gpt-4o")
+    assert client.models.list().data == []
+    for name in ("SmolLM2-135M-Instruct", "default", "gpt-4o"):
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve(name)
     with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(model="gpt-4o", prompt="hi")
     assert err.value.code == "model_not_found"
@@ -166,11 +166,14 @@ def _anthropic(stack, key) -> anthropic.Anthropic:
 
 def test_message_batches_are_checked_at_create_with_the_field_path(bare):
     client = _anthropic(bare, bare.new_key())
-    ok = {"custom_id": "a", "params": {"model": "m", "max_tokens": 4,
+    ok = {"custom_id": "a", "params": {"model": "default", "max_tokens": 4,
                                        "messages": [{"role": "user", "content": "hi"}]}}
     cases = [
-        ([ok, {"custom_id": "b", "params": {"model": "m", "messages": ok["params"]["messages"]}}],
+        ([ok, {"custom_id": "b", "params": {"model": "default",
+                                            "messages": ok["params"]["messages"]}}],
          "requests.1.params.max_tokens"),
+        ([ok, {**ok, "custom_id": "b", "params": {**ok["params"], "model": "claude-9"}}],
+         "requests.1.params.model"),  # a model no worker serves
         ([ok, ok], "requests.1.custom_id"),
         ([{**ok, "params": {**ok["params"], "temperature": "hot"}}], "requests.0.params.temperature"),
         ([{**ok, "params": {**ok["params"], "max_tokens": 10_000_000}}], "requests.0.params.max_tokens"),

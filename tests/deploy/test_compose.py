@@ -88,6 +88,40 @@ def test_workers_run_on_the_gpu_in_bf16_in_one_group():
     assert not worker.get("ports"), "published ports clash between replicas"
 
 
+def test_two_models_each_in_its_own_group_on_its_own_topics():
+    """The shape of a deployment of several models: `worker` serves the default model
+    (INFLIGHT_DEFAULT_MODEL: today's topics), `worker-gemma` the bundled Gemma 3 270M on its
+    model's topics, which the `topics` job creates; both claim GPUs from the same locks."""
+    from inflight.consumers.served_model import Serving
+    from inflight.engine.bundled_models import GEMMA3_270M
+
+    compose = load_compose()
+    parser = build_parser()
+    env = {k: v for k, v in compose["services"]["worker"]["environment"].items()
+           if v not in ("", None)}
+    settings = Settings(**{k.removeprefix("INFLIGHT_").lower(): v for k, v in env.items()})
+    served = {}
+    for name in ("worker", "worker-gemma"):
+        args = parser.parse_args(compose["services"][name]["command"])
+        assert args.device == "cuda:auto" and args.served_model_name
+        run = settings.updated(served_model_name=args.served_model_name,
+                               model_path=args.model_path)
+        served[name] = Serving.of(run, None)
+    assert served["worker"].default and served["worker"].topics.requests == "inflight.requests"
+    gemma = served["worker-gemma"]
+    assert not gemma.default and gemma.model == GEMMA3_270M.folder
+    assert gemma.topics.requests == "inflight.requests.model.gemma-3-270m"
+    assert gemma.topics.group != served["worker"].topics.group
+    topics = parser.parse_args(compose["services"]["topics"]["command"])
+    assert topics.model == [gemma.model]
+    fetch = parser.parse_args(compose["services"]["model-gemma"]["command"])
+    assert fetch.name == GEMMA3_270M.name
+    assert compose["services"]["worker-gemma"]["depends_on"]["model-gemma"]["condition"] == \
+        "service_completed_successfully"
+    assert {v.split(":")[0] for v in compose["services"]["worker-gemma"]["volumes"]} == \
+        {v.split(":")[0] for v in compose["services"]["worker"]["volumes"]}
+
+
 def test_a_worker_claims_its_tensor_parallel_gpus():
     """The shape of a tensor-parallel deployment: every replica sees all GPUs (cuda:auto
     claims a block of INFLIGHT_TENSOR_PARALLEL_SIZE of them) and has room in /dev/shm."""

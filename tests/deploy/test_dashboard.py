@@ -20,10 +20,11 @@ METRIC = re.compile(r"\b((?:vllm:|inflight_)[a-zA-Z0-9_:]+)")
 
 
 def exported_names() -> set[str]:
-    """Sample names the worker and the recorder expose (built as they build them)."""
+    """Sample names the worker, the recorder and the API expose (built as they build them)."""
+    from inflight.api.metrics import ApiMetrics
     from inflight.consumers.recorder import Recorder
 
-    worker = Metrics("worker")
+    worker = Metrics("worker", labels={"model_name": "m"})
     EngineMetrics(worker.registry, "m")
     LagProbe(Settings(), "g", [], worker.registry)  # not started: no broker needed
     recorder = Recorder(Settings(database_url="sqlite://"), store=object())
@@ -32,7 +33,24 @@ def exported_names() -> set[str]:
     for registry in (worker.registry, recorder.metrics.registry):
         for family in registry.collect():
             names |= {family.name + s for s in SUFFIXES[family.type]}
+    api = ApiMetrics()
+    api.submitted("m", "chat_completions")
+    names |= {line.split("{")[0].split(" ")[0] for line in api.prometheus().splitlines()
+              if line and not line.startswith("#")}
     return names
+
+
+def test_every_path_metric_of_the_worker_carries_the_model():
+    """The model selector filters the worker's path metrics as it does the engine's."""
+    dash = orjson.loads(DASHBOARD.read_bytes())
+    for p in dash["panels"]:
+        for t in p["targets"]:
+            for name in METRIC.findall(t["expr"]):
+                if name.startswith(("inflight_worker_", "vllm:", "inflight_api_model_")):
+                    assert f'{name}{{model_name=~"$model"' in t["expr"], (p["title"], t["expr"])
+    worker = Metrics("worker", labels={"model_name": "gemma"})
+    worker.inc("completed")
+    assert 'inflight_worker_completed_total{model_name="gemma"} 1.0' in worker.prometheus()
 
 
 def test_every_charted_metric_is_exported():
@@ -61,7 +79,8 @@ def test_every_charted_metric_is_exported():
 def test_prometheus_scrapes_the_compose_services_on_their_ports():
     conf = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
     targets = {c["job_name"]: c["dns_sd_configs"][0] for c in conf["scrape_configs"]}
-    assert targets["inflight-worker"]["names"] == ["worker"] and targets["inflight-worker"]["port"] == 9400
+    assert targets["inflight-worker"]["names"] == ["worker", "worker-gemma"]
+    assert targets["inflight-worker"]["port"] == 9400
     assert targets["inflight-recorder"]["names"] == ["recorder"]
     assert targets["inflight-recorder"]["port"] == 9401  # INFLIGHT_METRICS_PORT + 1
     assert targets["inflight-api"]["names"] == ["api"] and targets["inflight-api"]["port"] == 8000

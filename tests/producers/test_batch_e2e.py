@@ -124,7 +124,8 @@ def env(request, broker, batch_model, tmp_path_factory):
         url = migrated(request.getfixturevalue("postgres_url"))
         store = Store(url)
     settings = make_settings(broker, url, data_dir=tmp / "data", cache_dir=tmp / "cache",
-                             model_path=str(batch_model), celery_broker=celery_broker,
+                             model_path=str(batch_model), served_model_name="tiny-llama",
+                             celery_broker=celery_broker,
                              celery_queue=f"q-{uuid.uuid4().hex[:8]}",
                              batch_sweep_interval_s=0.3, batch_lease_s=2.0,
                              batch_enqueue_chunk=20, metrics_interval_s=0.0)
@@ -205,7 +206,7 @@ def test_batch_completes_and_matches_the_engine(env, batch_model, tmp_path):
 
 
 def test_anthropic_batch_results_in_its_format(env, tmp_path):
-    rows = [{"custom_id": f"m{i}", "params": {"model": "tiny", "max_tokens": 3 + i,
+    rows = [{"custom_id": f"m{i}", "params": {"model": "tiny-llama", "max_tokens": 3 + i,
              "system": "be brief", "messages": [{"role": "user", "content": SENTENCES[i]}]}}
             for i in range(3)]
     b = env.client.create_batch(_file(tmp_path, rows), endpoint="/v1/messages")

@@ -152,7 +152,7 @@ def test_a_refused_message_batch_reports_each_request_errored(store):
     """Anthropic reports a batch's bad requests per request: a /v1/messages batch that
     fails validation ends with a results file, every request `errored` with its reason."""
     def msg(cid, max_tokens):
-        return orjson.dumps({"custom_id": cid, "params": {"model": "m", "max_tokens": max_tokens,
+        return orjson.dumps({"custom_id": cid, "params": {"model": "default", "max_tokens": max_tokens,
                                                           "messages": [{"role": "user",
                                                                         "content": "hi"}]}})
 

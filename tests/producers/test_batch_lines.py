@@ -8,7 +8,7 @@ import json
 import orjson
 import pytest
 
-from inflight.producers.batch_lines import LineChecker, context_length, request_id_for
+from inflight.producers.batch_lines import LineChecker, LineModel, context_length, request_id_for
 from inflight.producers.batch_output import anthropic_line, openai_line
 from inflight.schemas import SchemaError, Settings
 
@@ -21,9 +21,51 @@ def oa(cid="a", url=CHAT, **body):
     return orjson.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body})
 
 
-def checker(endpoint=CHAT, context=64):
+# the models "served" to these checkers: the default one (no `model`, or its name "m"),
+# "claude", and "small" with a context of 32 on a topic of its own
+SERVED = {None: LineModel(None, "m", 64, "req.batch"), "m": LineModel(None, "m", 64, "req.batch"),
+          "claude": LineModel("claude", "claude", 64, "req.batch.model.claude"),
+          "small": LineModel("small", "small", 32, "req.batch.model.small")}
+
+
+def checker(endpoint=CHAT, context=64, one_model=False):
+    def lookup(model):
+        found = SERVED.get(model)
+        return found if model is not None or context == 64 else LineModel(None, "m", context, "t")
     return LineChecker("batch_x", endpoint, context=context, max_prompt_chars=1000,
-                       max_line_bytes=10_000)
+                       max_line_bytes=10_000, models=lookup, one_model=one_model)
+
+
+def test_each_line_goes_to_its_models_batch_topic():
+    c = checker()
+    reqs = [c.check(i, line)[1] for i, line in enumerate(
+        [oa("a"), oa("b", model="small"), oa("c", model="m"), oa("d", model="claude")], 1)]
+    assert [r.model for r in reqs] == [None, "small", None, "claude"]  # the default: none
+    assert [c.route_of(r).topic for r in reqs] == ["req.batch", "req.batch.model.small",
+                                                    "req.batch", "req.batch.model.claude"]
+    with pytest.raises(SchemaError) as e:  # each model's own context
+        c.check(5, oa("e", model="small", max_tokens=40))
+    assert "context of 32" in e.value.message and e.value.field == "body.max_tokens"
+    with pytest.raises(SchemaError) as e:
+        c.check(6, oa("f", model="gpt-4o", max_tokens=4))
+    assert e.value.message.startswith("line 6: body.model: model 'gpt-4o' is not served")
+    assert (e.value.field, e.value.code) == ("body.model", "model_not_found")
+    anthropic = checker(MSGS)
+    with pytest.raises(SchemaError) as e:
+        anthropic.check(2, orjson.dumps({"custom_id": "g", "params": {
+            "model": "nope", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}}))
+    assert (e.value.field, e.value.code) == ("params.model", "model_not_found")
+    assert "line 2: " in e.value.message and "'nope'" in e.value.message
+
+
+def test_one_model_per_file_when_the_setting_says_so():
+    c = checker(one_model=True)
+    c.check(1, oa("a", model="m"))
+    c.check(2, oa("b"))  # no model: the default, the same model by another name
+    with pytest.raises(SchemaError) as e:
+        c.check(3, oa("c", model="small"))
+    assert e.value.message.startswith("line 3: body.model: model 'small' differs from 'm'")
+    assert (e.value.field, e.value.code) == ("body.model", "mixed_models")
 
 
 def test_openai_line_becomes_a_batch_request():

@@ -55,7 +55,7 @@ def test_submit_prompt_and_openai_batch_file(cli_env, capsys, tmp_path):
     f = tmp_path / "batch.jsonl"
     f.write_text("\n".join([
         orjson.dumps({"custom_id": "oa-1", "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"model": "x", "messages": [{"role": "user", "content": "hi"}],
+                      "body": {"model": "default", "messages": [{"role": "user", "content": "hi"}],
                                "max_tokens": 7}}).decode(),
         orjson.dumps({"request_id": "own-1", "prompt": "plain line"}).decode(),
         "{broken",
@@ -71,6 +71,58 @@ def test_submit_prompt_and_openai_batch_file(cli_env, capsys, tmp_path):
 
     rc, out = _run(capsys, "cancel", "cli-1")
     assert rc == 0 and "cancel sent" in out
+
+
+def test_submit_names_a_model(cli_env, capsys):
+    """--model: no live worker serves it -> a typed error, exit 2, nothing sent; with
+    --allow-unserved it waits in its own model's topic (transport/model_topics.py)."""
+    from inflight.transport.model_topics import ModelTopics
+
+    s = cli_env
+    rc = _run(capsys, "submit", "hi", "--model", "tiny-z", "--json")[0]
+    assert rc == 2
+    rc, out = _run(capsys, "submit", "hi", "--model", "tiny-z", "--allow-unserved", "--id",
+                   "cli-z", "--json")
+    assert rc == 0 and orjson.loads(out)["request_id"] == "cli-z"
+    rec = read_topic(s, ModelTopics.named(s, "tiny-z").requests, 1)[0]
+    assert orjson.loads(rec.value)["model"] == "tiny-z"
+    rc, out = _run(capsys, "submit", "hi", "--model", "default", "--id", "cli-d", "--json")
+    assert rc == 0  # the default model always takes requests, under any of its names
+    (rec,) = read_topic(s, s.topic_requests, 1)  # today's topic, no model on the wire
+    assert orjson.loads(rec.value)["request_id"] == "cli-d"
+    assert orjson.loads(rec.value)["model"] is None
+
+
+def test_models_lists_the_registry_and_topics_create_makes_a_models_topics(cli_env, capsys):
+    import time
+
+    from inflight.schemas.registry import ModelRecord
+    from inflight.transport.model_topics import ModelTopics
+    from inflight.transport.registry_writer import RegistryAnnouncer
+
+    s = cli_env
+    rc, out = _run(capsys, "topics", "create", "--partitions", "1", "--model", "big/one", "--json")
+    made = orjson.loads(out)
+    big = ModelTopics.named(s, "big/one")
+    assert rc == 0 and made[big.requests] == "created" and made[big.batch] == "created"
+    assert made[s.topic_models] == "exists"  # created with the others (compacted)
+    now = time.time()
+    announcer = RegistryAnnouncer(s, [ModelRecord(
+        model="big/one", worker="host:1/abc", requests_topic=big.requests, batch_topic=big.batch,
+        group=big.group, max_model_len=4096, dtype="bfloat16", heartbeat_at=now,
+        heartbeat_s=5.0, started_at=now)])
+    announcer.beat(force=True)
+    rc, out = _run(capsys, "models", "--json")
+    (line,) = [orjson.loads(x) for x in out.splitlines()]
+    assert rc == 0 and line["id"] == "big/one" and line["max_model_len"] == 4096
+    assert line["workers"] == ["host:1/abc"] and line["requests_topic"] == big.requests
+    rc, out = _run(capsys, "models")
+    assert "big/one" in out and "4096" in out and "bfloat16" in out
+    announcer.withdraw()
+    rc, out = _run(capsys, "models")
+    assert rc == 0 and "no model has live workers" in out
+    rc, out = _run(capsys, "models", "--all")
+    assert "big/one" not in out  # withdrawn: gone from the registry, not only stale
 
 
 def test_submit_constraint_flags(cli_env, capsys, tmp_path):

@@ -98,8 +98,9 @@ def test_own_request_lines():
     assert parse_batch_line(encode(req), batch_id="b2") == req  # explicit fields win
     assert parse_batch_line(orjson.dumps({"request_id": "r", "prompt": "x", "priority": -3}),
                             batch_id="b").priority == -3
-    with pytest.raises(SchemaError) as info:
-        parse_batch_line(b'{"request_id": "r", "prompt": "x", "model": "m"}')
+    assert parse_batch_line(b'{"request_id": "r", "prompt": "x", "model": "m"}').model == "m"
+    with pytest.raises(SchemaError) as info:  # a model id is visible ASCII without spaces
+        parse_batch_line(b'{"request_id": "r", "prompt": "x", "model": "m 2"}')
     assert info.value.field == "model"
     with pytest.raises(SchemaError):
         parse_batch_line(b"{}", batch_id="bad id")
