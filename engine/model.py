@@ -24,11 +24,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from inflight.engine.cpu_forward import forward_hidden_cpu
 from inflight.engine.model_config import SUPPORTED_ARCHS, ModelConfig  # noqa: F401 (re-exported)
 from inflight.engine.model_weights import FusedLayerWeights, load_tensors, load_weights  # noqa: F401
 from inflight.engine.quant.linear import dense_linear
 from inflight.engine.rope import rope_cos_sin_table
 from inflight.kernels.activation import gelu_tanh_and_mul_ref
+from inflight.kernels.cpu_ops import CpuOps
 from inflight.kernels.kv_quant import SCALE_DTYPE, cache_bytes_per_token_head, is_quantized
 from inflight.kernels.ops import KernelOps
 
@@ -75,6 +77,9 @@ class LlamaModel:
         self.act = ops.silu_and_mul if cfg.activation == "silu" else gelu_tanh_and_mul_ref
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        # the torch kernels on a CPU take the CPU forward (engine/cpu_forward.py): the same
+        # math with the step's invariants planned once per forward; CUDA never does
+        self.cpu_ops = CpuOps() if self.device.type == "cpu" and ops.name == "torch" else None
 
     def read_checkpoint(self, folder: pathlib.Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         """The config the forward runs and the checkpoint's tensors (a tensor-parallel rank:
@@ -122,6 +127,8 @@ class LlamaModel:
                        rows: torch.Tensor) -> torch.Tensor:
         """input_ids/positions [T] -> final-normed hidden states of `rows` [len(rows), hidden]
         (the LM head is left to the caller: prompt logprobs take it in pieces)."""
+        if self.cpu_ops is not None:
+            return forward_hidden_cpu(self, self.cpu_ops, input_ids, positions, meta, kv_caches, rows)
         c, ops = self.config, self.ops
         eps = c.rms_norm_eps
         T = input_ids.shape[0]
