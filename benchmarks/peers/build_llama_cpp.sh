@@ -14,7 +14,10 @@
 #                                       CLI), llama-quantize; libllama.so and its ggml libraries
 #   models/<name>-{F32,Q8_0,Q4_1}.gguf  the model at each precision (below)
 # Nothing here is committed: sources, binaries and models stay in the cache. Native build
-# (-march=native: this machine's AVX-512/AMX), Release, shared libraries, no CURL/OpenSSL.
+# (-march=native: this machine's AVX-512, VNNI, BF16), Release, shared libraries, no
+# CURL/OpenSSL. NOTE: without ggml's AMX kernels (-mno-amx-*): on this machine (a VM that
+# lists AMX) their first quantized matmul dies with SIGILL in ggml_backend_amx_mul_mat;
+# F32 never reaches them, Q8_0/Q4_1 take the AVX-512 VNNI kernels instead.
 # Takes 10-20 minutes on two cores; reruns skip what exists.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,12 +36,15 @@ if [ ! -d "$SRC/vendor/llama.cpp" ]; then
 fi
 
 BUILD="$CACHE/build"
-if [ ! -x "$BUILD/bin/llama-quantize" ] || [ ! -x "$BUILD/bin/llama-bench" ]; then
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if [ ! -x "$BUILD/bin/llama-quantize" ] || [ ! -x "$BUILD/bin/llama-bench" ] || \
+   ! grep -q -- "-mno-amx-tile" "$BUILD/CMakeCache.txt" 2>/dev/null; then
     echo "build_llama_cpp: cmake build in $BUILD ($JOBS jobs)"
     cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON
+        -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON \
+        -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX"
     cmake --build "$BUILD" -j "$JOBS" --target llama llama-bench llama-batched-bench llama-completion llama-quantize
 fi
 
