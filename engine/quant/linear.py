@@ -9,7 +9,10 @@ How a quantized layer computes depends on the kernel backend:
 - triton: the W8A16 / W4A16 kernels (kernels/triton_quant_matmul.py) on the stored layout;
 - torch on CPU with 16-bit activations: torch's packed int matmuls for few rows (decode),
   dequantize-on-the-fly + dense matmul above the measured crossover (kernels/quant_cpu.py);
-- torch otherwise (fp32 activations, CUDA with INFLIGHT_KERNELS=torch): dequantize-on-the-fly.
+- torch on CPU with fp32 activations: the project's exact int8 / int4 kernels (repacked
+  copy, kernels/quant_cpu.py) up to their measured crossover, dequantize-on-the-fly beyond
+  (and everywhere when they cannot be built here);
+- torch otherwise (CUDA with INFLIGHT_KERNELS=torch): dequantize-on-the-fly.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import torch.nn.functional as F
 from inflight.engine.quant.config import QuantConfig
 from inflight.kernels.quant import dequantize_w4_grouped, dequantize_w8, num_groups
 from inflight.kernels.quant_cpu import (INT4_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS, PACKED_DTYPES,
-                               Int4PackedCPU, aligned, w8a16_matmul_cpu)
+                                       W4_KERNEL_MAX_ROWS, W8_KERNEL_MAX_ROWS, Int4PackedCPU,
+                                       W4PackedCPU, W8PackedCPU, aligned, fits, native,
+                                       w8a16_matmul_cpu)
 from inflight.engine.errors import ModelError
 
 Take = Callable[[str, bool], "torch.Tensor | None"]  # (name, required) -> stored tensor
@@ -79,12 +84,18 @@ class W8Linear:
                            and dtype in PACKED_DTYPES else None)
         if self.cpu_scales is not None:
             self.qweight = aligned(qweight)
+        # NOTE: a second copy (the kernels' layout) beside the stored one, which the
+        # dequantizing path for many rows reads
+        self.cpu_fp32 = (W8PackedCPU.from_w8(qweight, scales) if _fp32_kernels(self, qweight.shape)
+                         else None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.triton:
             from inflight.kernels.triton_quant_matmul import w8a16_matmul_triton
 
             return w8a16_matmul_triton(x, self.qweight, self.scales, self.bias)
+        if self.cpu_fp32 is not None and x.shape[0] <= W8_KERNEL_MAX_ROWS:
+            return self.cpu_fp32.matmul(x, self.bias)
         if self.cpu_scales is not None and x.shape[0] <= INT8_PACKED_MAX_ROWS:
             return w8a16_matmul_cpu(x, self.qweight, self.cpu_scales, self.bias)
         return F.linear(x, dequantize_w8(self.qweight, self.scales, x.dtype), self.bias)
@@ -108,6 +119,8 @@ class W4Linear:
                            if not self.triton and qweight.device.type == "cpu"
                            and dtype in PACKED_DTYPES and Int4PackedCPU.supports(n, group_size)
                            else None)
+        self.cpu_fp32 = (W4PackedCPU.from_w4(qweight, scales, zeros, group_size)
+                         if _fp32_kernels(self, (n, 2 * qweight.shape[1]), group_size) else None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.triton:
@@ -115,6 +128,8 @@ class W4Linear:
 
             return w4a16_matmul_triton(x, self.qweight, self.scales, self.zeros, self.group_size,
                                        self.bias)
+        if self.cpu_fp32 is not None and x.shape[0] <= W4_KERNEL_MAX_ROWS:
+            return self.cpu_fp32.matmul(x, self.bias)
         if self.cpu_packed is not None and x.shape[0] <= INT4_PACKED_MAX_ROWS:
             return self.cpu_packed.matmul(x, self.bias)
         return F.linear(x, self.dequantized(x.dtype), self.bias)
@@ -122,6 +137,13 @@ class W4Linear:
     def dequantized(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         return dequantize_w4_grouped(self.qweight, self.scales, self.zeros, self.group_size,
                                      dtype or self.dtype)
+
+
+def _fp32_kernels(layer, shape: tuple[int, int], group_size: int | None = None) -> bool:
+    """Does this layer take the exact fp32 int8/int4 kernels (torch backend, CPU, fp32
+    activations, a shape they take, and they build here)?"""
+    return (not layer.triton and layer.qweight.device.type == "cpu" and layer.dtype == torch.float32
+            and fits(*shape, group_size) and native() is not None)
 
 
 def _cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
