@@ -4,11 +4,12 @@
                                          [--quant w8|w4] [--steps 10] [--aten] [--per-layer]
 
 N requests (random prompts of --prompt-len tokens, greedy) are prefilled, then --steps
-decode steps are measured (every request decodes in every step), for the CPU forward
-(engine/cpu_forward.py) and the generic loop (`LlamaModel.forward_hidden` with the torch
-kernel set, the baseline) in turn, in the same run. The forward's parts are
-timed by wrapping, on this engine only, the kernel functions it calls (norm, rotary, K/V
-write, attention, activation) and its linear layers (qkv, o, gate_up, down, LM head): each
+decode steps are measured (every request decodes in every step), for each forward of
+--paths in turn, in the same run: the CPU forward (engine/cpu_forward.py) with its C++
+kernels (native) or its torch ops (torch), and the generic loop (`LlamaModel.forward_hidden`
+with the torch kernel set, the baseline). The forward's parts are
+timed by wrapping, on this engine only, the kernel functions it calls (norm, rotary and K/V
+write (one part, rope_kv, in the CPU forward), attention, activation) and its linear layers (qkv, o, gate_up, down, LM head): each
 part's wall ms per step, its share of the forward, its mean per layer, and "other" (the
 forward minus its timed parts: embedding, slicing, views, the Python between calls).
 `--per-layer` prints each layer's ms; `--aten` adds torch.profiler's table of ATen ops
@@ -24,7 +25,7 @@ from collections import defaultdict
 from common import base_parser, machine_note, model_path, print_table, setup_torch, write_json
 
 LINEARS = ("qkv", "o", "gate_up", "down")
-KERNELS = ("rms_norm", "rotary", "write_kv", "paged_attention", "silu_and_mul")
+KERNELS = ("rms_norm", "rotary", "write_kv", "rope_kv", "paged_attention", "silu_and_mul")
 
 
 class PartTimer:
@@ -40,10 +41,12 @@ class PartTimer:
         self.layer = -1
         self.forward_s = self.forward_cpu = 0.0
         # the CPU forward's kernels (engine/cpu_forward.py) when the model takes it, else the
-        # kernel set's (the generic loop); the same five names either way
+        # kernel set's (the generic loop): rope_kv there is rotary + write_kv here
         attr = "cpu_ops" if getattr(model, "cpu_ops", None) is not None else "ops"
         for name in KERNELS:
-            fn = getattr(getattr(model, attr), name)
+            fn = getattr(getattr(model, attr), name, None)
+            if fn is None:
+                continue
             setattr(model, attr, dataclasses.replace(getattr(model, attr), **{name: self._wrap(name, fn)}))
         if attr == "ops" and model.act.__name__.startswith("silu"):
             model.act = model.ops.silu_and_mul
@@ -139,14 +142,17 @@ def main() -> None:
                    help="profile a quantized copy of the model (made once under .cache/)")
     p.add_argument("--aten", action="store_true", help="add torch.profiler's ATen op table")
     p.add_argument("--per-layer", action="store_true", help="print every layer's ms")
-    p.add_argument("--paths", default="cpu,generic",
-                   help="forwards to profile, in turn at each batch size: cpu (engine/cpu_forward.py, "
-                        "what the engine runs on a CPU) and generic (the kernel-set loop, the baseline)")
+    p.add_argument("--paths", default="native,torch,generic",
+                   help="forwards to profile, in turn at each batch size: native (engine/cpu_forward.py "
+                        "with the C++ kernels, what the engine runs on a CPU), torch (the same forward "
+                        "with torch ops only) and generic (the kernel-set loop, the baseline)")
     args = p.parse_args()
     setup_torch(args.threads, args.seed)
     import json
 
     from step_profile import build_engine, fill
+
+    from inflight.kernels.cpu_ops import TORCH_CPU_OPS
 
     path = model_path(args.model)
     if args.quant:
@@ -163,6 +169,8 @@ def main() -> None:
         eng = build_engine(path, args, batch, None, max_tokens=args.steps * 3 + 64)
         if forward == "generic":
             eng.model.cpu_ops = None
+        elif forward == "torch":
+            eng.model.cpu_ops = TORCH_CPU_OPS
         fill(eng, batch, args.prompt_len, max_tokens=args.steps * 3 + 64, vocab=vocab, seed=args.seed)
         r = measure(eng, args.steps, args.aten)
         r["batch"], r["path"] = batch, forward

@@ -5,9 +5,10 @@ once per forward instead of once per layer.
 Per step (`StepPlan`): the cos/sin rows of each RoPE table, the K/V slots that are written
 (and whether some rows are padding), and the attention plan of each distinct sliding
 window (kernels/cpu_attention.py: host copies, decode block ids, masks). Per layer, only
-the layer's own work runs, through `CpuOps` (kernels/cpu_ops.py): norms with the residual
-added in place, q and k rotated together in the qkv output, the planned attention, silu in
-place. No layer allocates a Python container or reads a tensor back to the host.
+the layer's own work runs, through `CpuOps` (kernels/cpu_ops.py: one C++ call per part
+where the kernels build, a few torch ops otherwise): norm with the residual added in
+place, q and k rotated in the qkv output and K/V written, attention, silu times up, and
+the four matmuls. No layer allocates a Python container or reads a tensor back to the host.
 
 The CUDA path never comes here (`LlamaModel` takes this path only for the torch kernels on
 a CPU device), so nothing on CUDA changes with it.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.kernels.cpu_attention import AttentionPlan, plan_attention
-from inflight.kernels.cpu_ops import CpuOps, rope_rows
+from inflight.kernels.cpu_ops import CpuOps, StepRope, StepSlots, rope_rows, rotary_cpu, step_slots, write_kv_cpu
 
 # NOTE: `model` below is the engine/model.py LlamaModel that calls in, and `meta` its
 # AttentionMetadata (not imported: model.py imports this module)
@@ -28,15 +29,14 @@ from inflight.kernels.cpu_ops import CpuOps, rope_rows
 
 @dataclass(frozen=True)
 class StepPlan:
-    rope: list[tuple[torch.Tensor, torch.Tensor]]   # per layer: (cos, sin) [T, 1, D/2]
-    attention: list[AttentionPlan]                  # per layer (shared by equal windows)
-    slots: torch.Tensor                             # [T'] int64: the slots that are written
-    keep: torch.Tensor | None                       # [T] bool when some slots are negative
+    rope: list[StepRope]              # per layer (shared by layers of one RoPE table)
+    attention: list[AttentionPlan]    # per layer (shared by equal windows)
+    slots: StepSlots
 
 
 def plan_step(model, positions: torch.Tensor, meta,
               block_size: int) -> StepPlan:
-    rope_of: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    rope_of: dict[int, StepRope] = {}
     rope = []
     for cos_sin in model.layer_cos_sin:
         key = id(cos_sin)
@@ -50,12 +50,7 @@ def plan_step(model, positions: torch.Tensor, meta,
             plans[window] = plan_attention(meta.block_tables, meta.seq_lens, meta.query_start_loc,
                                            block_size, window)
         attention.append(plans[window])
-    slots = meta.slot_mapping
-    keep = None
-    if bool((slots < 0).any()):
-        keep = slots >= 0
-        slots = slots[keep]
-    return StepPlan(rope, attention, slots.long(), keep)
+    return StepPlan(rope, attention, step_slots(meta.slot_mapping))
 
 
 def forward_hidden_cpu(model, ops: CpuOps, input_ids: torch.Tensor, positions: torch.Tensor, meta,
@@ -70,21 +65,20 @@ def forward_hidden_cpu(model, ops: CpuOps, input_ids: torch.Tensor, positions: t
     act = ops.silu_and_mul if c.activation == "silu" else model.act
     h = model.embed_tokens(input_ids)
     residual = None
+    heads = (H, Hkv, D)
     for i, (layer, (k_cache, v_cache, *scales)) in enumerate(zip(model.layers, kv_caches)):
         x, residual = ops.rms_norm(h, layer.input_norm, eps, residual)
         qkv = layer.qkv(x)
-        cos, sin = plan.rope[i]
+        rope = plan.rope[i]
         if layer.q_norm is None:  # q and k side by side in qkv: rotated together, in place
-            q = qkv[:, :q_size].view(T, H, D)
-            k = qkv[:, q_size:q_size + kv_size].view(T, Hkv, D)
-            ops.rotary(qkv[:, :q_size + kv_size].view(T, H + Hkv, D), cos, sin)
-        else:
+            q, _, _ = ops.rope_kv(qkv, heads, rope, plan.slots, k_cache, v_cache, *scales)
+        else:  # per-head norms first (Qwen3, Gemma 3)
             q, _ = ops.rms_norm(qkv[:, :q_size].reshape(T, H, D), layer.q_norm, eps)
             k, _ = ops.rms_norm(qkv[:, q_size:q_size + kv_size].reshape(T, Hkv, D), layer.k_norm, eps)
-            ops.rotary(q, cos, sin)
-            ops.rotary(k, cos, sin)
-        v = qkv[:, q_size + kv_size:].view(T, Hkv, D)
-        ops.write_kv(k, v, k_cache, v_cache, plan.slots, plan.keep, *scales)
+            rotary_cpu(q, rope.cos, rope.sin)
+            rotary_cpu(k, rope.cos, rope.sin)
+            v = qkv[:, q_size + kv_size:].view(T, Hkv, D)
+            write_kv_cpu(k, v, k_cache, v_cache, plan.slots.valid, plan.slots.keep, *scales)
         o = ops.paged_attention(q, k_cache, v_cache, plan.attention[i], model.scale, *scales)
         h = layer.o(o.reshape(T, q_size))
         if layer.attn_out_norm is not None:

@@ -30,7 +30,7 @@ from inflight.engine.model_weights import FusedLayerWeights, load_tensors, load_
 from inflight.engine.quant.linear import dense_linear
 from inflight.engine.rope import rope_cos_sin_table
 from inflight.kernels.activation import gelu_tanh_and_mul_ref
-from inflight.kernels.cpu_ops import CpuOps
+from inflight.kernels.cpu_ops import cpu_ops
 from inflight.kernels.kv_quant import SCALE_DTYPE, cache_bytes_per_token_head, is_quantized
 from inflight.kernels.ops import KernelOps
 
@@ -79,7 +79,7 @@ class LlamaModel:
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         # the torch kernels on a CPU take the CPU forward (engine/cpu_forward.py): the same
         # math with the step's invariants planned once per forward; CUDA never does
-        self.cpu_ops = CpuOps() if self.device.type == "cpu" and ops.name == "torch" else None
+        self.cpu_ops = cpu_ops() if self.device.type == "cpu" and ops.name == "torch" else None
 
     def read_checkpoint(self, folder: pathlib.Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         """The config the forward runs and the checkpoint's tensors (a tensor-parallel rank:

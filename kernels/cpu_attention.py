@@ -67,6 +67,15 @@ class AttentionPlan:
     decodes: DecodeBatch | None
     prefills: tuple[PrefillSeq, ...]
     num_tokens: int
+    # the step's own inputs, for kernels that read the cache through the block table
+    # themselves (kernels/cpu_ops.py: the native decode attention)
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    window: int | None
+
+    @property
+    def all_decode(self) -> bool:
+        return self.decodes is not None and not self.prefills
 
 
 def _span(row: list[int], first: int, n: int, lo: int, hi: int) -> Span:
@@ -105,7 +114,7 @@ def plan_attention(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_sta
             mask = mask[None, None]
         prefills.append(PrefillSeq(s, e, span, mask, causal))
     batch = _plan_decodes(block_tables, seq_lens, lens, starts, decodes, tables, bs, W) if decodes else None
-    return AttentionPlan(batch, tuple(prefills), starts[-1])
+    return AttentionPlan(batch, tuple(prefills), starts[-1], block_tables, seq_lens, W)
 
 
 def _plan_decodes(block_tables, seq_lens, lens, starts, decodes, tables, bs, W) -> DecodeBatch:

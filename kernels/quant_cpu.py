@@ -26,31 +26,25 @@ written to memory, so a decode step reads 1 (w8) or ~0.6 (w4) bytes per weight i
 fp32's 4. They beat the dense fp32 matmul up to W8/W4_KERNEL_MAX_ROWS rows (measured with
 `--crossover`: the int4 one spends more instructions per weight and turns compute-bound
 sooner), dequantize + dense beyond. Their weights are repacked once at load (`interleave`).
-The C++ is compiled on first use, once per machine (torch.utils.cpp_extension: a C++
-compiler and ninja; cached under $TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions),
-its AVX-512 loops chosen at run time; where it cannot be built, `native()` logs why, once,
-and the layers dequantize on the fly (same results, slower).
+The C++ is built on first use, once per machine (kernels/cpu_native.py); where it cannot
+be, the layers dequantize on the fly (same results, slower).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import pathlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from inflight.kernels.cpu_native import native
 from inflight.kernels.quant import unpack_int4
 
-log = logging.getLogger(__name__)
 INT8_PACKED_MAX_ROWS = 32
 INT4_PACKED_MAX_ROWS = 64
 PACKED_DTYPES = (torch.bfloat16, torch.float16)
 W8_KERNEL_MAX_ROWS = 64
 W4_KERNEL_MAX_ROWS = 16
-SOURCE = pathlib.Path(__file__).with_name("csrc") / "cpu_quant_linear.cpp"
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:
@@ -110,21 +104,6 @@ class Int4PackedCPU:
         if bias is not None:
             y = y + bias
         return y.view(*x.shape[:-1], y.shape[-1])
-
-
-@functools.lru_cache(maxsize=None)
-def native():
-    """The compiled kernels (a module with w8_linear, w4_linear), or None where they
-    cannot be built."""
-    try:
-        from torch.utils.cpp_extension import load
-
-        return load(name="inflight_cpu_quant_linear", sources=[str(SOURCE)], extra_cflags=["-O3"],
-                    verbose=False)
-    except Exception as exc:  # noqa: BLE001 - no compiler here: the slower exact path stays
-        log.warning("the CPU int8/int4 kernels could not be built (%s: %s); quantized layers "
-                    "dequantize on the fly instead", type(exc).__name__, str(exc).splitlines()[0][:300])
-        return None
 
 
 NB = 4  # weight rows interleaved per tile (kernels/csrc/cpu_quant_linear.cpp)

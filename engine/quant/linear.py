@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from inflight.engine.quant.config import QuantConfig
+from inflight.kernels.cpu_native import native
 from inflight.kernels.quant import dequantize_w4_grouped, dequantize_w8, num_groups
 from inflight.kernels.quant_cpu import (INT4_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS, PACKED_DTYPES,
                                        W4_KERNEL_MAX_ROWS, W8_KERNEL_MAX_ROWS, Int4PackedCPU,
-                                       W4PackedCPU, W8PackedCPU, aligned, fits, native,
-                                       w8a16_matmul_cpu)
+                                       W4PackedCPU, W8PackedCPU, aligned, fits, w8a16_matmul_cpu)
 from inflight.engine.errors import ModelError
 
 Take = Callable[[str, bool], "torch.Tensor | None"]  # (name, required) -> stored tensor
@@ -50,6 +50,20 @@ ONEDNN_MIN_BYTES = 3 << 20
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+# NOTE: for 1 to F32_KERNEL_MAX_ROWS rows on CPU in fp32 (a decode step, a short
+# verification) the project's kernel (kernels/csrc/cpu_dense_linear.cpp) beats both: as
+# fast as MKL for one row on one thread, faster for 2-4 rows, and with two threads far
+# faster than MKL's threaded GEMV, whose threads wait on each other through every small
+# product (benchmarks/quantization.py --crossover; docs/benchmarks.md).
+F32_KERNEL_MAX_ROWS = 4
+
+
+def takes_f32_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x.dim() == 2 and x.shape[0] <= F32_KERNEL_MAX_ROWS and x.device.type == "cpu"
+            and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.shape[1] % 16 == 0
+            and weight.is_contiguous() and native() is not None and native().f32_linear_supported())
+
+
 def takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Does x @ weight.T go through oneDNN (the NOTE above)?"""
     return (_ONEDNN and x.dim() == 2 and ONEDNN_ROWS[0] <= x.shape[0] <= ONEDNN_ROWS[1]
@@ -58,7 +72,10 @@ def takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear of an [N, K] weight; a few rows on CPU in fp32 through oneDNN (NOTE above)."""
+    """F.linear of an [N, K] weight; a few rows on CPU in fp32 through the project's kernel
+    or oneDNN (NOTEs above)."""
+    if takes_f32_kernel(x, weight):
+        return native().f32_linear(x.contiguous(), weight, bias)
     if takes_onednn(x, weight):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
     return F.linear(x, weight, bias)

@@ -219,8 +219,3 @@ torch::Tensor w4_linear(torch::Tensor x, torch::Tensor q4, torch::Tensor s, torc
   });
   return finish(y, bias);
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("w8_linear", &w8_linear, "int8 weights x fp32 activations (exact)");
-  m.def("w4_linear", &w4_linear, "int4 weights (split layout) x fp32 activations (exact)");
-}

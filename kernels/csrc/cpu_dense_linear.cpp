@@ -1,0 +1,75 @@
+// fp32 x fp32 linear for a few rows (decode): f32_linear(x [M, K], w [N, K], bias?) -> [M, N].
+//
+// A decode step's matmuls read each weight once, so they run at the speed the weights
+// stream from memory. MKL's sgemv reaches ~13 GB/s on one core here; these tiles (4 weight
+// rows x up to 4 activation rows, each weight row's next lines prefetched) reach a few
+// percent more, which is most of the gap between a decode step and its peers' (numbers in
+// docs/benchmarks.md). The weights stay in their row-major layout (the one MKL's GEMM
+// takes for many rows). Sums are vectorized (16 lanes, then reduced): rounding differs
+// from MKL's as any two kernels' do.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t F32_PREFETCH = 1024;  // bytes ahead along each weight row
+
+bool has_avx512f() {
+  static const bool ok = __builtin_cpu_supports("avx512f");
+  return ok;
+}
+
+template <int MB, int NB>
+__attribute__((target("avx512f,fma")))
+void f32_tile(const float* x, const float* w, float* y, int64_t N, int64_t K) {
+  __m512 acc[MB][NB];
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    __m512 wv[NB];
+    for (int j = 0; j < NB; ++j) {
+      _mm_prefetch((const char*)(w + j * K + k) + F32_PREFETCH, _MM_HINT_T0);
+      wv[j] = _mm512_loadu_ps(w + j * K + k);
+    }
+    for (int i = 0; i < MB; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * K + k);
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+template <int MB>
+void f32_rows(const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) f32_tile<MB, 4>(x, w + n * K, y + n, N, K);
+  for (; n < n1; ++n) f32_tile<MB, 1>(x, w + n * K, y + n, N, K);
+}
+
+}  // namespace
+
+torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(has_avx512f(), "f32_linear: needs AVX-512 (callers check f32_linear_supported)");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32 && x.dim() == 2
+              && x.is_contiguous() && w.is_contiguous() && x.device().is_cpu(), "f32_linear: contiguous fp32 CPU x, w");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(w.size(1) == K && K % 16 == 0 && M <= 4, "f32_linear: w [N, K], K % 16 == 0, M <= 4");
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(16, N / (4 * at::get_num_threads()));
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    switch (M) {
+      case 1: f32_rows<1>(xp, wp, yp, N, K, n0, n1); break;
+      case 2: f32_rows<2>(xp, wp, yp, N, K, n0, n1); break;
+      case 3: f32_rows<3>(xp, wp, yp, N, K, n0, n1); break;
+      default: f32_rows<4>(xp, wp, yp, N, K, n0, n1); break;
+    }
+  });
+  return bias.has_value() ? y.add_(*bias) : y;
+}
+
+bool f32_linear_supported() { return has_avx512f(); }
