@@ -27,9 +27,10 @@ import torch.nn.functional as F
 from inflight.engine.cpu_forward import forward_hidden_cpu
 from inflight.engine.model_config import SUPPORTED_ARCHS, ModelConfig  # noqa: F401 (re-exported)
 from inflight.engine.model_weights import FusedLayerWeights, load_tensors, load_weights  # noqa: F401
-from inflight.engine.quant.linear import dense_linear
+from inflight.engine.quant.linear import F32_KERNEL_MAX_ROWS, dense_linear
 from inflight.engine.rope import rope_cos_sin_table
 from inflight.kernels.activation import gelu_tanh_and_mul_ref
+from inflight.kernels.cpu_native import native
 from inflight.kernels.cpu_ops import cpu_ops
 from inflight.kernels.kv_quant import SCALE_DTYPE, cache_bytes_per_token_head, is_quantized
 from inflight.kernels.ops import KernelOps
@@ -64,6 +65,7 @@ class LlamaModel:
         w = load_weights(cfg, tensors, dtype, self.device, ops.name, folder)
         del tensors
         self.embed, self.norm, self.lm_head, self.layers = w.embed, w.norm, w.lm_head, w.layers
+        self.lm_head16 = w.lm_head16 if native() is not None and native().f32_linear_supported() else None
         self.embed_scale = (None if cfg.embed_scale is None else
                             torch.tensor(cfg.embed_scale, dtype=dtype, device=self.device))
         tables = {spec: rope_cos_sin_table(spec, cfg.head_dim, cfg.max_position_embeddings,
@@ -112,7 +114,10 @@ class LlamaModel:
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final hidden states [R, hidden] -> fp32 logits [R, vocab]."""
-        logits = dense_linear(h, self.lm_head)  # oneDNN for a verification's few rows on CPU
+        if self.lm_head16 is not None and h.shape[0] <= F32_KERNEL_MAX_ROWS:
+            logits = native().bf16_linear(h.contiguous(), self.lm_head16, None)  # a decode's rows
+        else:
+            logits = dense_linear(h, self.lm_head)  # oneDNN for a verification's few rows on CPU
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
+torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
 bool f32_linear_supported();
 torch::Tensor w8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor s, c10::optional<torch::Tensor> bias);
 torch::Tensor w4_linear(torch::Tensor x, torch::Tensor q4, torch::Tensor s, torch::Tensor zs, int64_t group,
@@ -17,6 +18,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("f32_linear", &f32_linear, "fp32 linear for up to 4 rows (decode), row-major weights");
+  m.def("bf16_linear", &bf16_linear, "fp32 x bf16-stored weights (widened exactly) for up to 4 rows");
   m.def("f32_linear_supported", &f32_linear_supported, "whether this CPU runs f32_linear (AVX-512)");
   m.def("w8_linear", &w8_linear, "int8 weights (interleaved) x fp32 activations, exact");
   m.def("w4_linear", &w4_linear, "int4 weights (split, interleaved) x fp32 activations, exact");

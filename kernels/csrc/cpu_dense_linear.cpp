@@ -1,4 +1,6 @@
-// fp32 x fp32 linear for a few rows (decode): f32_linear(x [M, K], w [N, K], bias?) -> [M, N].
+// fp32 x fp32 linear for a few rows (decode): f32_linear(x [M, K], w [N, K], bias?) -> [M, N];
+// w may be bf16 too (bf16_linear): widened to fp32 in registers, exactly, so a bf16-stored
+// weight (a quantized folder's LM head) is read at half the bytes for the same products.
 //
 // A decode step's matmuls read each weight once, so they run at the speed the weights
 // stream from memory. MKL's sgemv reaches ~13 GB/s on one core here; these tiles (4 weight
@@ -20,9 +22,18 @@ bool has_avx512f() {
   return ok;
 }
 
-template <int MB, int NB>
+__attribute__((target("avx512f")))
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+__attribute__((target("avx512f")))
+inline __m512 load16(const at::BFloat16* p) {  // bf16 -> fp32: the 16 bits on top, exact
+  const __m256i h = _mm256_loadu_si256((const __m256i*)p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int MB, int NB, typename W>
 __attribute__((target("avx512f,fma")))
-void f32_tile(const float* x, const float* w, float* y, int64_t N, int64_t K) {
+void f32_tile(const float* x, const W* w, float* y, int64_t N, int64_t K) {
   __m512 acc[MB][NB];
   for (int i = 0; i < MB; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -30,7 +41,7 @@ void f32_tile(const float* x, const float* w, float* y, int64_t N, int64_t K) {
     __m512 wv[NB];
     for (int j = 0; j < NB; ++j) {
       _mm_prefetch((const char*)(w + j * K + k) + F32_PREFETCH, _MM_HINT_T0);
-      wv[j] = _mm512_loadu_ps(w + j * K + k);
+      wv[j] = load16(w + j * K + k);
     }
     for (int i = 0; i < MB; ++i) {
       const __m512 xv = _mm512_loadu_ps(x + i * K + k);
@@ -41,24 +52,23 @@ void f32_tile(const float* x, const float* w, float* y, int64_t N, int64_t K) {
     for (int j = 0; j < NB; ++j) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-template <int MB>
-void f32_rows(const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+template <int MB, typename W>
+void f32_rows(const float* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) f32_tile<MB, 4>(x, w + n * K, y + n, N, K);
   for (; n < n1; ++n) f32_tile<MB, 1>(x, w + n * K, y + n, N, K);
 }
 
-}  // namespace
-
-torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+template <typename W>
+torch::Tensor linear_rows(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(has_avx512f(), "f32_linear: needs AVX-512 (callers check f32_linear_supported)");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32 && x.dim() == 2
-              && x.is_contiguous() && w.is_contiguous() && x.device().is_cpu(), "f32_linear: contiguous fp32 CPU x, w");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous() && w.is_contiguous()
+              && x.device().is_cpu() && w.device().is_cpu(), "f32_linear: contiguous fp32 CPU x, contiguous w");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(w.size(1) == K && K % 16 == 0 && M <= 4, "f32_linear: w [N, K], K % 16 == 0, M <= 4");
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
+  const W* wp = w.data_ptr<W>();
   float* yp = y.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(16, N / (4 * at::get_num_threads()));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
@@ -70,6 +80,18 @@ torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::
     }
   });
   return bias.has_value() ? y.add_(*bias) : y;
+}
+
+}  // namespace
+
+torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(w.scalar_type() == torch::kFloat32, "f32_linear: fp32 weights");
+  return linear_rows<float>(x, w, bias);
+}
+
+torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16, "bf16_linear: bf16 weights");
+  return linear_rows<at::BFloat16>(x, w, bias);
 }
 
 bool f32_linear_supported() { return has_avx512f(); }
