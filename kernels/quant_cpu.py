@@ -23,9 +23,9 @@ fp32 activations: this project's kernels (kernels/csrc/cpu_quant_linear.cpp),
 exact (what `w8a16_matmul_ref` / `w4a16_matmul_ref` compute for fp32 x, the sums
 reassociated): the integer weights are widened to fp32 in registers, nothing dequantized is
 written to memory, so a decode step reads 1 (w8) or ~0.6 (w4) bytes per weight instead of
-fp32's 4. They beat the dense fp32 matmul up to W8/W4_KERNEL_MAX_ROWS rows (measured with
-`--crossover`: the int4 one spends more instructions per weight and turns compute-bound
-sooner), dequantize + dense beyond. Their weights are repacked once at load (`interleave`).
+fp32's 4. They beat the dense fp32 matmul up to W8/W4_KERNEL_MAX_ROWS rows (measured by
+benchmarks/cpu_kernels.py: the int4 one spends more instructions per weight and turns
+compute-bound sooner), dequantize + dense beyond. Their weights are repacked once at load (`interleave`).
 The C++ is built on first use, once per machine (kernels/cpu_native.py); where it cannot
 be, the layers dequantize on the fly (same results, slower).
 """

@@ -54,7 +54,7 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_l
 # verification) the project's kernel (kernels/csrc/cpu_dense_linear.cpp) beats both: as
 # fast as MKL for one row on one thread, faster for 2-4 rows, and with two threads far
 # faster than MKL's threaded GEMV, whose threads wait on each other through every small
-# product (benchmarks/quantization.py --crossover; docs/benchmarks.md).
+# product (benchmarks/cpu_kernels.py; docs/benchmarks.md).
 F32_KERNEL_MAX_ROWS = 4
 
 

@@ -22,10 +22,11 @@
 namespace {
 
 constexpr int NB = 4;                // weight rows per tile, interleaved in memory (below)
-#ifndef PREFETCH_BYTES
-#define PREFETCH_BYTES 2048
-#endif
-constexpr int64_t PREFETCH = PREFETCH_BYTES;  // bytes ahead in the weight stream
+// Prefetch distances in the weight stream, bytes: into L1 a few lines ahead, into L2 a
+// few pages ahead. NOTE: with the hardware prefetcher alone a lone row's int8 GEMV read
+// its weights at ~6 GB/s where a plain read of the same stream runs at ~13 (one core);
+// these distances gave ~11 (docs/benchmarks.md).
+constexpr int64_t PREFETCH_L1 = 512, PREFETCH_L2 = 4096;
 
 bool has_avx512() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
@@ -43,7 +44,8 @@ void w8_tile(const float* x, const int8_t* q, const float* s, float* y, int64_t 
   for (int64_t k = 0; k < K; k += 16) {
     __m512 w[NB];
     const int8_t* qk = q + k * NB;  // NB rows x 16 values: one cache line
-    _mm_prefetch((const char*)(qk + PREFETCH), _MM_HINT_T0);
+    _mm_prefetch((const char*)(qk + PREFETCH_L1), _MM_HINT_T0);
+    _mm_prefetch((const char*)(qk + PREFETCH_L2), _MM_HINT_T1);
     for (int j = 0; j < NB; ++j)
       w[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(qk + j * 16))));
     for (int i = 0; i < MB; ++i) {
@@ -73,7 +75,8 @@ void w4_tile(const float* x, const float* xs, const uint8_t* q, const float* s, 
     for (int64_t k = k0; k < k1; k += 32) {
       __m512 wl[NB], wh[NB];
       const uint8_t* qk = q + (k / 2) * NB;  // NB rows x 32 values: one cache line
-      _mm_prefetch((const char*)(qk + PREFETCH), _MM_HINT_T0);
+      _mm_prefetch((const char*)(qk + PREFETCH_L1), _MM_HINT_T0);
+      _mm_prefetch((const char*)(qk + PREFETCH_L2), _MM_HINT_T1);
       for (int j = 0; j < NB; ++j) {
         const __m128i b = _mm_loadu_si128((const __m128i*)(qk + j * 16));
         wl[j] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, low)));
