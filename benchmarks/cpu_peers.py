@@ -119,6 +119,7 @@ def run(workers: dict, threads: list[int], repeats: int, b1_prompt, b64_prompts)
            for k in workers}
     tokens = {}
     keys = list(workers)
+    print("warming up", flush=True)
     for t in threads:  # warm-up: each system, each thread count
         for k in keys:
             workers[k].call(op="stream", prompt=b1_prompt, tokens=8, threads=t)
@@ -138,6 +139,9 @@ def run(workers: dict, threads: list[int], repeats: int, b1_prompt, b64_prompts)
                 r["b64_tok_s"].append(out / b["wall"])
                 r["b64_tok_cpu_s"].append(out / b["cpu"])
                 tokens[(k, t)] = [s["tokens"]] + b["tokens"]
+                print(f"  {k[0]} {k[1]}, {t} thread(s): batch 1 {r['b1_ms'][-1]:.1f} ms/token "
+                      f"({r['b1_cpu_ms'][-1]:.1f} CPU), 64 requests {r['b64_tok_s'][-1]:.1f} tok/s "
+                      f"({r['b64_tok_cpu_s'][-1]:.1f} per CPU-s)", flush=True)
         print(f"repeat {rep + 1}/{repeats}: {time.perf_counter() - w0:.0f} s, load average "
               f"{load:.2f} at start, {os.getloadavg()[0]:.2f} at end", flush=True)
     return {"figures": res, "tokens": tokens}
