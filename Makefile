@@ -7,9 +7,13 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv demo test model bench clean
 
-$(STAMP): pyproject.toml
+# every extra (worker, api, jobs) and the test tools, at the exact versions of constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'
+	$(PY) -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[all,dev]'
+	# instructor pins jiter<0.15, which only openai 3.3 accepts: installed without its
+	# dependencies (the dev extra has the ones it imports) so the tests keep today's openai
+	$(PY) -m pip install --disable-pip-version-check -q --no-deps instructor==1.17.0
 	touch $(STAMP)
 
 venv: $(STAMP)

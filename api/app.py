@@ -12,6 +12,7 @@ come from the same store the recorder fills.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -27,9 +28,10 @@ from inflight.api.context import ApiContext, db_slots
 from inflight.api.limits import BodyLimitMiddleware
 from inflight.api.metrics import ApiMetrics, MetricsMiddleware
 from inflight.api.routes import (batches, chat, completions, files, health, message_batches,
-                                 models, requests)
-from inflight.api.served import ServedModels
+                                 messages, models, requests)
+from inflight.api.served_models import ServedModels
 from inflight.api.streams import Streams
+from inflight.api.upload_sweep import sweep_uploads
 from inflight.producers import Client
 from inflight.producers.results_reader import ResultsReader
 from inflight.schemas import Settings
@@ -43,7 +45,7 @@ API_VERSION = "1"
 
 
 def _open_store(settings: Settings) -> Store:
-    # no pre-ping: a poll is one round trip (store/owned.py retries a dead connection once)
+    # no pre-ping: a poll is one round trip (store/owner_queries.py retries a dead connection once)
     store = Store.embedded(settings.database_url, pre_ping=False)  # SQLite migrates itself
     if store.dialect != "sqlite":
         have, want = current_revision(store.url), head_revision()
@@ -90,15 +92,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             broker.failed(unreachable)
         app.state.ctx = ApiContext(settings=settings, store=store, client=client, keys=keys,
                                    streams=Streams(results, metrics,
-                                                   settings.api_wait_timeout_s),
+                                                   settings.api_wait_timeout_s,
+                                                   settings.api_keepalive_s),
                                    metrics=metrics,
                                    finals=FinalAnswers(settings.api_final_cache_bytes),
                                    db_slots=slots,
                                    models=await to_thread.run_sync(ServedModels, settings),
                                    broker=broker)
+        sweep = asyncio.get_running_loop().create_task(
+            sweep_uploads(store, settings.api_upload_grace_s), name="upload-sweep")
         try:
             yield
         finally:
+            sweep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweep
             log.info(metrics.summary())
             await broker.close()
             with contextlib.suppress(InflightError, Exception):
@@ -109,10 +117,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="inflight", version=API_VERSION, lifespan=lifespan, debug=False,
                   description="Kafka-driven LLM inference: submit and poll requests, stream "
                               "their tokens, OpenAI-compatible chat completions, files and "
-                              "batches, Anthropic message batches. Every route but /healthz, "
-                              "/readyz and /metrics needs an API key.")
+                              "batches, Anthropic messages and message batches. Every "
+                              "route but /healthz, /readyz and /metrics needs an API key.")
     errors.install(app)
-    for module in (health, models, requests, chat, completions, files, batches, message_batches):
+    for module in (health, models, requests, chat, completions, messages, files, batches,
+                   message_batches):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, body_bytes=settings.api_max_body_bytes,
                        upload_bytes=settings.api_max_upload_bytes)

@@ -23,7 +23,7 @@ from anyio import to_thread
 
 from inflight.api.errors import APIError
 from inflight.schemas import Settings
-from inflight.schemas.kafka_clients import plain_consumer
+from inflight.transport.kafka_clients import plain_consumer
 
 log = logging.getLogger("inflight.api")
 

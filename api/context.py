@@ -18,7 +18,7 @@ from inflight.api.cache import FinalAnswers
 from inflight.api.group_commit import ClaimQueue
 from inflight.api.group_read import ViewQueue
 from inflight.api.metrics import ApiMetrics
-from inflight.api.served import ServedModels
+from inflight.api.served_models import ServedModels
 from inflight.api.streams import Streams
 from inflight.producers import Client
 from inflight.schemas import InferenceRequest, Settings

@@ -3,7 +3,7 @@
 Filing a request is an INSERT whose commit waits for the database's WAL flush (a few ms
 on a real disk, more on a busy one). One commit per request caps submits at
 threads / flush time; here a submit joins the pending group and one flusher at a time
-writes the whole group in one statement and one commit (store.owned.claim_requests).
+writes the whole group in one statement and one commit (store.owner_queries.claim_requests).
 While a group is being written the next one fills, so the group grows with the load and
 an idle server still writes a lone request at once (no timer, no added wait).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from inflight.api.metrics import ApiMetrics
 from inflight.store import Store
-from inflight.store.owned import claim_requests
+from inflight.store.owner_queries import claim_requests
 from inflight.store.queries import is_transient
 
 MAX_GROUP = 500
@@ -31,7 +31,7 @@ class ClaimQueue:
         self._flusher: asyncio.Task | None = None
 
     async def claim(self, row: dict[str, Any], owner: str | None) -> Any:
-        """store.owned.claim_request, grouped: None if this call filed the row, else the
+        """One row of store.owner_queries.claim_requests, grouped: None if this call filed the row, else the
         existing row's view."""
         done = asyncio.get_running_loop().create_future()
         self._pending.append((row, owner, done))

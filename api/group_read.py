@@ -4,7 +4,7 @@ A poll of an unfinished request is a primary-key read. Done one by one, each cos
 to a database thread and a round trip whose driver overhead (psycopg + SQLAlchemy, and
 the thread hop under load) is several times the database's own work. Here a lookup joins
 the pending group and one reader at a time fetches
-the whole group with `WHERE id IN (...)` (store.owned.request_views), like the submits'
+the whole group with `WHERE id IN (...)` (store.owner_queries.request_views), like the submits'
 group commit (api/group_commit.py): a lone poll is read at once, and under load the group
 grows with the load instead of the queue of threads.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from inflight.api.metrics import ApiMetrics
 from inflight.store import Store
-from inflight.store.owned import request_views
+from inflight.store.owner_queries import request_views
 
 MAX_GROUP = 500
 
@@ -31,7 +31,7 @@ class ViewQueue:
         self._reader: asyncio.Task | None = None
 
     async def view(self, request_id: str) -> Any:
-        """store.owned.request_view, grouped: the row's view or None."""
+        """store.owner_queries.request_view, grouped: the row's view or None."""
         done = asyncio.get_running_loop().create_future()
         self._pending.setdefault(request_id, []).append(done)
         if self._reader is None or self._reader.done():

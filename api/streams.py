@@ -4,7 +4,12 @@ results reader (producers/results_reader.py): no Kafka consumer of its own, no t
 
     stream = ctx.streams.open(rid, since)    # 503 when INFLIGHT_API_MAX_STREAMS are open
     event = await stream.next()              # RequestNotFound after INFLIGHT_API_WAIT_TIMEOUT_S
+    event = await stream.next_or_idle()      # None after INFLIGHT_API_KEEPALIVE_S without one
     return StreamResponse(body, stream, on_unfinished=...)   # closes it, whatever happens
+
+Keep-alive: a body that waits with `next_or_idle()` sends its keep-alive (an SSE comment,
+Anthropic's `ping`, a space before a JSON body) each time it gets None, so a client or
+proxy with a read timeout does not drop a request that waits in the queue.
 
 NOTE (every path releases): the stream is closed by whoever holds it last. A handler that
 answers at once (a waiting completion, an error) closes it itself; a streamed answer hands
@@ -36,13 +41,16 @@ from inflight.schemas.errors import CapacityError
 log = logging.getLogger("inflight.api")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_KEEPALIVE = b": keep-alive\n\n"   # an SSE comment: every SSE client skips it
 
 
 class Streams:
-    def __init__(self, reader: ResultsReader, metrics: ApiMetrics, timeout_s: float):
+    def __init__(self, reader: ResultsReader, metrics: ApiMetrics, timeout_s: float,
+                 keepalive_s: float = 0.0):
         self.reader = reader
         self.metrics = metrics
         self.timeout_s = timeout_s
+        self.keepalive_s = keepalive_s   # 0: no keep-alive (next_or_idle waits to the deadline)
 
     @property
     def limit(self) -> int:
@@ -82,6 +90,21 @@ class ApiStream:
         try:
             return await self.follow.next(self.deadline)
         except TimeoutError:
+            raise RequestNotFound(f"no final event for request {self.request_id} within "
+                                  f"{self.streams.timeout_s:.0f}s") from None
+
+    async def next_or_idle(self) -> Any | None:
+        """The next event, or None when INFLIGHT_API_KEEPALIVE_S pass first (the caller
+        sends its keep-alive and asks again); RequestNotFound at the deadline."""
+        idle = self.streams.keepalive_s
+        if idle <= 0:
+            return await self.next()
+        until = min(self.deadline, time.monotonic() + idle)
+        try:
+            return await self.follow.next(until)
+        except TimeoutError:
+            if until < self.deadline:
+                return None
             raise RequestNotFound(f"no final event for request {self.request_id} within "
                                   f"{self.streams.timeout_s:.0f}s") from None
 

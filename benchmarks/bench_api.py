@@ -14,7 +14,7 @@ Measured, each for --seconds after a warm-up:
   process's cache of final answers once the warm-up filled it);
 - `POST /v1/requests` (insert the queued row, publish, wait for the broker's ack).
 Baselines in the same run, same concurrency (threads), no HTTP: the store lookup the GET
-does (`store.owned.request_view`) and `Client.submit` (publish + flush), so the table shows
+does (`store.owner_queries.request_view`) and `Client.submit` (publish + flush), so the table shows
 what HTTP and FastAPI add. Server CPU = user+system seconds of the API's process tree
 over the measured window; the load average is printed before and after.
 """
@@ -206,7 +206,7 @@ def main() -> int:
     from inflight.producers import Client
     from inflight.schemas import Settings
     from inflight.store import Store
-    from inflight.store.owned import request_view
+    from inflight.store.owner_queries import request_view
     from tests.api.server import free_port
 
     results: dict = {"load_before": os.getloadavg()}

@@ -160,7 +160,7 @@ def run_service(args, path, prompts, outputs, db_url: str, broker) -> dict:
     store = Store(db_url, create=True)
     # The recorder is its own process, as deployed (`inflight recorder`); the worker is a
     # thread here so its engine is built and warmed exactly like the engine-alone run.
-    recorder = subprocess.Popen([sys.executable, "-m", "inflight.consumers.recorder"], cwd=ROOT,
+    recorder = subprocess.Popen([sys.executable, "-m", "inflight", "recorder"], cwd=ROOT,
                                 env={**os.environ, **settings_env(s), "PYTHONPATH": str(ROOT)},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     engine = Engine(engine_config(args, path))

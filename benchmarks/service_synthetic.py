@@ -165,7 +165,7 @@ def count_tokens(settings, topic: str, ids: set[str], timeout: float = 300.0) ->
     import orjson
     from kafka import TopicPartition
 
-    from inflight.schemas.kafka_clients import partitions_of, plain_consumer
+    from inflight.transport.kafka_clients import partitions_of, plain_consumer
 
     c = plain_consumer(settings, fetch_max_bytes=16 << 20, max_partition_fetch_bytes=8 << 20)
     counts: dict[str, int] = defaultdict(int)
@@ -209,7 +209,7 @@ def run_version(label: str, tree: pathlib.Path, args, broker, pg_url: str) -> di
     env = {**os.environ, **settings_env(s), "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     report_path = pathlib.Path(tempfile.mkdtemp(prefix="inflight-bench-")) / "worker.json"
     log = open(report_path.with_suffix(".log"), "wb")
-    recorder = subprocess.Popen([sys.executable, "-m", "inflight.consumers.recorder"], cwd=tree, env=env,
+    recorder = subprocess.Popen([sys.executable, "-m", "inflight", "recorder"], cwd=tree, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
     worker = subprocess.Popen(
         [sys.executable, str(ROOT / "benchmarks" / "synthetic_worker.py"), "--report",

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/workers.py [--workers 1,2] [--num-requests 96] [--plot out.png]
 
 Everything real and deployed as processes: the embedded broker (Tansu), N worker processes
-(`python -m inflight.consumers.worker`, one torch thread each: one "GPU" each), the
+(`inflight worker`, one torch thread each: one "GPU" each), the
 recorder process, SQLite (or --database-url). The model is a small random Llama written
 for the run (no download; --model PATH to use a real folder). The workload is the same for every N:
 greedy, ignore_eos, prompt and output lengths drawn once from --seed.
@@ -73,9 +73,9 @@ def run(args, n_workers: int, model: pathlib.Path, broker, prompts, outputs, wor
     store = Store(db_url, create=True)
     env = {**os.environ, **settings_env(s), "PYTHONPATH": str(ROOT),
            "OMP_NUM_THREADS": str(args.threads)}
-    recorder = subprocess.Popen([sys.executable, "-m", "inflight.consumers.recorder"], cwd=ROOT, env=env,
+    recorder = subprocess.Popen([sys.executable, "-m", "inflight", "recorder"], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    workers = [subprocess.Popen([sys.executable, "-m", "inflight.consumers.worker", "--model", str(model)],
+    workers = [subprocess.Popen([sys.executable, "-m", "inflight", "worker", "--model", str(model)],
                                 cwd=ROOT, env=env, stdout=open(workdir / f"{tag}-w{i}.log", "wb"),
                                 stderr=subprocess.STDOUT) for i in range(n_workers)]
     names = {f"{os.uname().nodename}:{w.pid}" for w in workers}

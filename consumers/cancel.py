@@ -26,7 +26,7 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 
 from inflight.schemas.cancel import Cancel, parse_cancel
-from inflight.schemas.kafka_clients import partitions_of, plain_consumer
+from inflight.transport.kafka_clients import partitions_of, plain_consumer
 from inflight.schemas.settings import Settings
 
 log = logging.getLogger("inflight.cancel")

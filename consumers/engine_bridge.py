@@ -5,12 +5,18 @@ The engine knows nothing of Kafka; these few conversions are the worker's edge.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inflight.consumers.gpu_claim import AUTO, claim_gpu
 from inflight.schemas import InferenceRequest, Settings
 from inflight.schemas.tools import render_tool_messages
+
+if TYPE_CHECKING:
+    from inflight.engine.logprobs import TokenLogprob
+    from inflight.engine.outputs import RequestOutput
+    from inflight.engine.tokenizer import Tokenizer
 
 
 def chat_inputs(req: InferenceRequest, template_takes_tools: bool) -> tuple[list | None, dict]:
@@ -36,7 +42,7 @@ class LogprobShaper:
     top_logprobs}]}`), with each token's text and bytes from the model's tokenizer, cached
     per token id (the vocabulary is fixed)."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self._pieces: dict[int, tuple[str, list[int]]] = {}
 
@@ -56,69 +62,47 @@ class LogprobShaper:
         lp = logprob if logprob == logprob and logprob > LOGPROB_FLOOR else LOGPROB_FLOOR
         return {"token": text, "logprob": lp, "bytes": raw}
 
-    def position(self, e: Any) -> dict[str, Any] | None:
+    def position(self, e: TokenLogprob | None) -> dict[str, Any] | None:
         if e is None:
             return None
         d = self.entry(e.token_id, e.logprob)
         d["top_logprobs"] = [self.entry(t, lp) for t, lp in e.top]
         return d
 
-    def __call__(self, out: Any) -> tuple[dict | None, list | None]:
+    def __call__(self, out: RequestOutput) -> tuple[dict | None, list | None]:
         """(FinalEvent.logprobs, FinalEvent.prompt_logprobs) of a final engine output."""
-        lps = getattr(out, "logprobs", None)
-        plps = getattr(out, "prompt_logprobs", None)
+        lps = out.logprobs
+        plps = out.prompt_logprobs
         return (None if lps is None else {"content": [self.position(e) for e in lps]},
                 None if plps is None else [self.position(e) for e in plps])
 
 
-# Settings field -> EngineConfig field, for the engine knobs a deployment sets from
-# INFLIGHT_* (None in Settings = keep the engine's own default).
-ENGINE_SETTINGS = ("device", "dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                   "kv_cache_bytes", "block_size", "enable_prefix_caching", "kernels",
-                   "cuda_graphs", "kv_cache_memory_fraction", "tensor_parallel_size",
-                   "speculative_config", "kv_cache_dtype")
-
-
-def engine_overrides(settings: Settings, *, max_num_seqs: int | None = None,
-                     kv_cache_mb: int | None = None, device: str | None = None,
-                     dtype: str | None = None, tensor_parallel_size: int | None = None,
-                     kv_cache_dtype: str | None = None) -> dict[str, Any]:
-    """EngineConfig keyword arguments from the settings; explicit arguments (the worker's
-    command-line flags) win. `max_num_seqs` falls back to the worker's in-flight limit."""
-    kw: dict[str, Any] = {name: getattr(settings, name) for name in ENGINE_SETTINGS
-                          if getattr(settings, name) is not None}
-    kw["max_num_seqs"] = max_num_seqs or settings.max_num_seqs or settings.worker_max_inflight
-    if kv_cache_mb:
-        kw["kv_cache_bytes"] = kv_cache_mb << 20
-    if device:
-        kw["device"] = device
-    if dtype:
-        kw["dtype"] = dtype
-    if tensor_parallel_size:
-        kw["tensor_parallel_size"] = tensor_parallel_size
-    if kv_cache_dtype:
-        kw["kv_cache_dtype"] = kv_cache_dtype
-    return kw
-
-
-def build_engine(settings: Settings, model: str | None = None, *, max_num_seqs: int | None = None,
-                 kv_cache_mb: int | None = None, device: str | None = None,
-                 dtype: str | None = None, tensor_parallel_size: int | None = None,
-                 kv_cache_dtype: str | None = None) -> Any:
-    from inflight.engine import Engine, EngineConfig
+def engine_config(settings: Settings) -> Any:
+    """The worker's EngineConfig, the one place settings become one: every engine option of
+    the settings (Settings.engine_options: INFLIGHT_<NAME>, or `inflight worker --<name>`
+    over it), the model folder of INFLIGHT_MODEL_PATH (None: the bundled model, converted
+    once), and as many running requests as the worker holds in flight unless
+    INFLIGHT_MAX_NUM_SEQS says otherwise."""
+    from inflight.engine import EngineConfig
     from inflight.engine.model_folder import resolve_model
 
-    path = resolve_model(model or settings.model_path, settings.cache_dir)
-    kw = engine_overrides(settings, max_num_seqs=max_num_seqs, kv_cache_mb=kv_cache_mb,
-                          device=device, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-                          kv_cache_dtype=kv_cache_dtype)
+    kw = settings.engine_options()
+    kw.setdefault("max_num_seqs", settings.worker_max_inflight)
+    return EngineConfig(model=str(resolve_model(settings.model_path, settings.cache_dir)), **kw)
+
+
+def build_engine(settings: Settings) -> Any:
+    """The worker's engine (engine_config); `--device cuda:auto` claims free GPUs first."""
+    from inflight.engine import Engine
+
+    config = engine_config(settings)
     claim = None
-    if kw.get("device") == AUTO:
+    if config.device == AUTO:
         import torch
 
         index, claim = claim_gpu(settings.gpu_lock_dir or Path(settings.data_dir) / "gpu-locks",
-                                 torch.cuda.device_count(), kw.get("tensor_parallel_size", 1))
-        kw["device"] = f"cuda:{index}"  # tensor-parallel rank r: cuda:index + r
-    engine = Engine(EngineConfig(model=str(path), **kw))
+                                 torch.cuda.device_count(), config.tensor_parallel_size)
+        config = dataclasses.replace(config, device=f"cuda:{index}")  # rank r: cuda:index + r
+    engine = Engine(config)
     engine.device_claim = claim  # NOTE: keeps the GPUs' lock files open as long as the engine lives
     return engine

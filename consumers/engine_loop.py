@@ -1,19 +1,20 @@
 """The engine thread: it only steps the engine.
 
-    inbox (Add / Abort, from the intake) ─► engine.add_request / abort
-    engine.step() ─► the publisher's queue (the step's RequestOutputs, as they are, and
-                     when the step returned), one of the publisher's step slots each
+    inbox (AddRequest / AbortRequest, from the intake) ─► engine.add_request / abort
+    engine.step() ─► the publisher's queue: StepOutputs (the step's RequestOutputs, as they
+                     are, and when the step returned), one of the publisher's step slots each;
+                     AddFailed when add_request refused a request
     Engine.stats() every STATS_EVERY_S ─► the engine metrics' gauges
 
 No Kafka and no JSON happen on this thread. It launches the engine's device work, so it
 makes the engine's device its current device first (`engine.bind_thread()`): CUDA's
 current device is per thread, and a worker on cuda:1 must not launch on device 0. The
 inbox is bounded by the intake's in-flight limit (it admits at most that many requests);
-the publisher takes a bounded number of steps (consumers.handoff.Slots), so a publisher
-that falls behind slows the engine instead of filling memory. The engine then waits for a
-slot in slices of PUBLISH_WAIT_S, never without bound: between them it applies its inbox
-(aborts, adds) and sees halt(); the intake meanwhile admits nothing new and goes on
-polling (consumers.publisher).
+the publisher takes a bounded number of steps (consumers.thread_messages.Slots), so a
+publisher that falls behind slows the engine instead of filling memory. The engine then
+waits for a slot in slices of PUBLISH_WAIT_S, never without bound: between them it applies
+its inbox (aborts, adds) and sees halt(); the intake meanwhile admits nothing new and goes
+on polling (consumers.publisher).
 """
 
 from __future__ import annotations
@@ -23,10 +24,16 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from inflight.consumers.handoff import ABORT, ADD, ADD_FAILED, OUTPUTS, Slots
+from inflight.consumers.thread_messages import (AbortRequest, AddFailed, AddRequest,
+                                                EngineCommand, PublisherCommand, Slots,
+                                                StepOutputs)
 from inflight.schemas.errors import InflightError
+
+if TYPE_CHECKING:
+    from inflight.engine.outputs import RequestOutput
+    from inflight.engine.sampling_params import SamplingParams
 
 log = logging.getLogger("inflight.worker")
 
@@ -36,20 +43,38 @@ PUBLISH_WAIT_S = 0.1  # the publisher's step slots all taken: look again this of
 
 
 class EngineLike(Protocol):
+    """What the worker asks of an engine (inflight.engine.Engine; tests and benchmarks
+    drive the worker with fakes that have only these four calls)."""
+
     def add_request(self, request_id: str, prompt: str | None = None,
-                    prompt_token_ids: list[int] | None = None, params: Any = None,
-                    priority: int = 0, **kw: Any) -> None: ...
-    def step(self) -> list[Any]: ...
+                    prompt_token_ids: list[int] | None = None,
+                    params: SamplingParams | None = None, priority: int = 0,
+                    **kw: Any) -> None: ...
+    def step(self) -> list[RequestOutput]: ...
     def abort(self, request_id: str) -> bool: ...
     def has_unfinished(self) -> bool: ...
 
 
+@runtime_checkable
+class BindsThread(Protocol):
+    """An engine on a device: the thread that launches its work makes that device current."""
+
+    def bind_thread(self) -> None: ...
+
+
+@runtime_checkable
+class ReportsStats(Protocol):
+    """An engine whose Engine.stats() feeds the engine metrics' gauges."""
+
+    def stats(self) -> dict: ...
+
+
 class EngineLoop:
-    def __init__(self, engine: EngineLike, publish: "queue.SimpleQueue[tuple[str, Any]]",
+    def __init__(self, engine: EngineLike, publish: queue.SimpleQueue[PublisherCommand],
                  slots: Slots, on_stats: Callable[[dict], None] | None = None):
         self.engine = engine
-        self.on_stats = on_stats if hasattr(engine, "stats") else None
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.on_stats = on_stats if isinstance(engine, ReportsStats) else None
+        self.inbox: queue.SimpleQueue[EngineCommand | None] = queue.SimpleQueue()
         self._publish = publish
         self._slots = slots
         self._stop = threading.Event()
@@ -61,11 +86,18 @@ class EngineLoop:
         self.thread: threading.Thread | None = None
 
     # -- called from other threads ----------------------------------------------------------
-    def add(self, attempt: str, **kwargs: Any) -> None:
-        self.inbox.put((ADD, (attempt, kwargs)))
+    def add(self, attempt: str, *, prompt: str | None = None,
+            prompt_token_ids: list[int] | None = None, params: SamplingParams | None = None,
+            priority: int = 0, messages: list[dict[str, Any]] | None = None,
+            arrival_time: float | None = None,
+            tools: list[dict[str, Any]] | None = None) -> None:
+        """engine.add_request(attempt, ...) on the engine's thread (AddFailed to the
+        publisher if the engine refuses it)."""
+        self.inbox.put(AddRequest(attempt, prompt, prompt_token_ids, params, priority,
+                                  messages, arrival_time, tools))
 
     def abort(self, attempt: str) -> None:
-        self.inbox.put((ABORT, attempt))
+        self.inbox.put(AbortRequest(attempt))
 
     def start(self) -> "EngineLoop":
         self.thread = threading.Thread(target=self.run, name="engine", daemon=True)
@@ -95,9 +127,8 @@ class EngineLoop:
         cpu0 = time.thread_time()
         next_stats = 0.0
         try:
-            bind = getattr(engine, "bind_thread", None)  # test fakes have no device
-            if bind is not None:
-                bind()
+            if isinstance(engine, BindsThread):  # test fakes have no device
+                engine.bind_thread()
             while True:
                 if self.on_stats is not None and time.monotonic() >= next_stats:
                     next_stats = time.monotonic() + STATS_EVERY_S
@@ -118,7 +149,7 @@ class EngineLoop:
                     self.steps += 1
                     self.cpu_s = time.thread_time() - cpu0
                     if outputs and self._wait_for_slot():
-                        publish.put((OUTPUTS, (outputs, time.time())))
+                        publish.put(StepOutputs(outputs, time.time()))
         except BaseException as exc:  # noqa: BLE001 - reported to the worker, which stops
             log.exception("the engine loop failed; the worker stops")
             self.error = exc
@@ -145,13 +176,17 @@ class EngineLoop:
             self._apply_inbox()
         return True
 
-    def _apply(self, cmd: tuple[str, Any]) -> None:
-        kind, payload = cmd
-        if kind == ADD:
-            attempt, kwargs = payload
-            try:
-                self.engine.add_request(attempt, **kwargs)
-            except InflightError as exc:
-                self._publish.put((ADD_FAILED, (attempt, str(exc))))
-        elif kind == ABORT:
-            self.engine.abort(payload)
+    def _apply(self, cmd: EngineCommand) -> None:
+        if type(cmd) is AbortRequest:
+            self.engine.abort(cmd.attempt)
+            return
+        # NOTE: `tools` only when given: an engine (or a fake) whose template takes none
+        # is never handed the keyword
+        extra = {} if cmd.tools is None else {"tools": cmd.tools}
+        try:
+            self.engine.add_request(cmd.attempt, prompt=cmd.prompt,
+                                    prompt_token_ids=cmd.prompt_token_ids, params=cmd.params,
+                                    priority=cmd.priority, messages=cmd.messages,
+                                    arrival_time=cmd.arrival_time, **extra)
+        except InflightError as exc:
+            self._publish.put(AddFailed(cmd.attempt, str(exc)))

@@ -1,9 +1,11 @@
 """The engine's metrics under vLLM's names, so existing vLLM dashboards and alerts apply.
 
-Fed from the thread that steps the engine (the engine is not thread-safe, so the HTTP
-thread never touches it): `observe_outputs()` after every step (histograms and token
-counters from `RequestOutput` timings), `observe_stats()` every so often (gauges and
-counters from `Engine.stats()`). Times are `time.time()` seconds, as in RequestOutput.
+Fed by the worker's threads, never the HTTP thread: the publisher, in its one pass over
+each step's outputs, calls `observe_first()` at a request's first token,
+`observe_finished()` at its end and `observe_tokens()` once per step (histograms and token
+counters from `RequestOutput` timings); the engine loop calls `observe_stats()` every so
+often (gauges and counters from `Engine.stats()`, read on the engine's thread: the engine
+is not thread-safe). Times are `time.time()` seconds, as in RequestOutput.
 
 Meanings (as vLLM's): arrival = the engine received the request (the worker admitted it);
 TTFT = first token - arrival; inter-token latency = time between two token outputs of a
@@ -20,9 +22,12 @@ accepted length = 1 + accepted / drafts.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from inflight.engine.outputs import RequestOutput
 
 # Buckets in the spirit of vLLM's (sub-second to tens of minutes), so its dashboards read well.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -104,41 +109,12 @@ class EngineMetrics:
                                 "draft tokens accepted, by draft position",
                                 ["model_name", "position"], registry=registry)
         self._model_name = model_name
-        self._last_token_at: dict[str, float] = {}
         self._totals = {"prefix_cache_queries": 0, "prefix_cache_hit_tokens": 0, "preemptions": 0,
                         "spec_decode_num_drafts": 0, "spec_decode_num_draft_tokens": 0,
                         "spec_decode_num_accepted_tokens": 0}
         self._per_pos_totals: list[int] = []
 
-    def observe_outputs(self, outputs: Iterable[Any], now: float) -> None:
-        """One step's RequestOutputs; `now` = when the step returned.
-
-        NOTE: the worker's publisher does not call this: it gathers the same figures in
-        its own pass over a step's outputs (one pass, not two, per token at GPU rates;
-        the previous token's time kept on its per-request state) and hands them to
-        observe_first / observe_tokens / observe_finished. This is the same bookkeeping
-        for a caller without per-request state of its own. The inter-token gaps are
-        gathered by the previous token's time (most requests of a step share it: their
-        previous step's), so one bucket lookup serves them all."""
-        last = self._last_token_at
-        tokens, gaps = 0, {}
-        for out in outputs:
-            rid = out.request_id
-            n = len(out.new_token_ids)
-            if n:
-                tokens += n
-                prev = last.get(rid)
-                if prev is None:
-                    last[rid] = self.observe_first(out, now)
-                else:
-                    gaps[prev] = gaps.get(prev, 0) + 1
-                    last[rid] = now
-            if out.finished:
-                last.pop(rid, None)
-                self.observe_finished(out)
-        self.observe_tokens(tokens, gaps, now)
-
-    def observe_first(self, out: Any, now: float) -> float:
+    def observe_first(self, out: RequestOutput, now: float) -> float:
         """A request's first token(s) (TTFT, its prompt tokens); returns the time of its
         first token, from which its next inter-token gap counts."""
         first = out.first_token_time or now
@@ -146,7 +122,7 @@ class EngineMetrics:
         self.prompt_tokens.inc(out.num_prompt_tokens)
         return first
 
-    def observe_finished(self, out: Any) -> None:
+    def observe_finished(self, out: RequestOutput) -> None:
         reason = out.finish_reason if out.finish_reason in self.success else "error"
         self.success[reason].inc()
         if reason != "error" and out.finish_time is not None:

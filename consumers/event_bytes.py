@@ -9,11 +9,14 @@ requests, so they need no checking of their own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from inflight.schemas.base import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from inflight.engine.outputs import RequestOutput
 
 
 def token_event(request_id: str, attempt: str, index: int, start: int, token_ids: list[int],
@@ -29,7 +32,7 @@ def status_event(request_id: str, attempt: str, worker: str, at: float) -> bytes
                          "worker": worker, "at": at})
 
 
-def final_event(request_id: str, attempt: str, out: Any, *, worker: str,
+def final_event(request_id: str, attempt: str, out: RequestOutput, *, worker: str,
                 batch_id: str | None, submitted_at: float | None, queued_at: float,
                 logprobs: dict | None = None, prompt_logprobs: list | None = None,
                 tool_calls: list | None = None) -> bytes:
@@ -52,6 +55,8 @@ def final_event(request_id: str, attempt: str, out: Any, *, worker: str,
         event["prompt_logprobs"] = prompt_logprobs
     if tool_calls is not None:
         event["tool_calls"] = tool_calls
+    if getattr(out, "stop_reason", None) is not None:
+        event["stop_reason"] = out.stop_reason
     return orjson.dumps(event)
 
 

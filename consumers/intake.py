@@ -1,12 +1,13 @@
 """The intake thread: it owns the group consumer (kafka-python's consumer is not
 thread-safe: poll, pause/resume, seek and commit all happen here, and nowhere else).
 
-    poll ─► decode/validate ─► admit (publisher: Admitted; engine loop: Add)
+    poll ─► decode/validate ─► admit (publisher: Admitted; engine loop: AddRequest)
       │       └─ bad input ─► publisher: Rejected (error final + DLQ copy)
       ├─ pause every partition at the in-flight limit, while the publisher is behind (a
       │  slow or stalled broker) and while draining -- polling all along, so the worker
       │  stays in its group; the batch topic while interactive traffic keeps coming
-      ├─ settled tickets (from the publisher) ─► watermark ─► commit on a timer
+      ├─ settled tickets (Settled, from the publisher) ─► watermark ─► commit on a timer
+      │  (consumers/watermark_commits.py)
       └─ rebalances: forget revoked offsets; hand back work whose partition moved
 
 NOTE (watermark): a ticket is settled only when Kafka acknowledged every message of its
@@ -28,30 +29,28 @@ import itertools
 import logging
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from kafka import TopicPartition
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import CommitFailedError, KafkaError
-from kafka.structs import OffsetAndMetadata
 
 from inflight.consumers.cancel import CancelledBatches, CancelListener
 from inflight.consumers.engine_loop import EngineLoop
 from inflight.consumers.engine_bridge import chat_inputs
 from inflight.consumers.engine_metrics import EngineMetrics
-from inflight.consumers.handoff import (ABORTED, ACKED, ADMIT, FINISHED, HAND_BACK, REJECT, Aborted,
-                               Admitted, Rejected)
 from inflight.consumers.kafka_io import LRUSet, close_without_leaving, group_consumer
 from inflight.consumers.metrics import Metrics
 from inflight.consumers.offsets import OffsetTracker
+from inflight.consumers.thread_messages import (Aborted, Admitted, HandBack, PartitionsAssigned,
+                                                PartitionsRevoked, PublisherCommand, Rebalance,
+                                                Rejected, Settled, TicketState)
+from inflight.consumers.watermark_commits import WatermarkCommits
 from inflight.schemas import ERR_INVALID_REQUEST, SchemaError, Settings, decode_request
 from inflight.schemas.base import ID_RE
 
 log = logging.getLogger("inflight.worker")
 
-COMMIT_EVERY_S = 0.25
-COMMIT_WAIT_MS = 5_000   # commit(wait=True) (shutdown, tests): at most this long
 CANCELS_EVERY_S = 0.1
 POLL_WAIT_MS = 50        # with room: how long a poll may wait for records
 SETTLE_WAIT_S = 0.05     # full (or draining): how long to wait for a settled ticket
@@ -86,10 +85,14 @@ def key_request_id(key: bytes | None) -> str | None:
 
 
 class Intake:
-    def __init__(self, settings: Settings, engine: EngineLoop, publish: queue.SimpleQueue,
-                 settled: queue.SimpleQueue, *, attempt_prefix: str, max_inflight: int,
+    def __init__(self, settings: Settings, engine: EngineLoop,
+                 publish: queue.SimpleQueue[PublisherCommand],
+                 settled: queue.SimpleQueue[Settled], *, attempt_prefix: str, max_inflight: int,
                  metrics: Metrics, engine_metrics: EngineMetrics | None = None,
-                 publisher_behind: Any = lambda: False):
+                 publisher_behind: Callable[[], bool] = lambda: False,
+                 template_takes_tools: bool = False):
+        """`template_takes_tools`: the engine's chat template renders tool definitions
+        (they are handed to it instead of rendered into the messages here)."""
         self.settings = settings
         self.engine = engine
         self.publish = publish
@@ -99,6 +102,7 @@ class Intake:
         self.metrics = metrics
         self.engine_metrics = engine_metrics
         self.publisher_behind = publisher_behind
+        self.template_takes_tools = template_takes_tools
         # NOTE: `running` (jobs in the engine) is what the in-flight limit bounds; endings
         # waiting for their acks are bounded apart, by as many again (MAX_ENDINGS_FACTOR).
         self.jobs: dict[int, Job] = {}
@@ -111,21 +115,13 @@ class Intake:
         self.cancelled_batches = CancelledBatches(settings.cancel_lookback_s)
         self.max_seen_inflight = 0
         self.draining = False
-        self.consumer: Any = None
+        self.consumer: KafkaConsumer | None = None
         self.cancels: CancelListener | None = None
         self._tickets = itertools.count(1)
-        self._rebalances: queue.SimpleQueue = queue.SimpleQueue()
+        self._rebalances: queue.SimpleQueue[Rebalance] = queue.SimpleQueue()
         self._interactive_busy = False
-        self._last_commit = 0.0
         self._next_cancels = 0.0
-        self._commits: queue.SimpleQueue = queue.SimpleQueue()   # async commit outcomes
-        self._commit_in_flight = False
-        self._commit_future: Any = None
-
-    @property
-    def template_takes_tools(self) -> bool:
-        tok = getattr(getattr(self.engine, "engine", None), "tokenizer", None)
-        return bool(getattr(tok, "takes_tools", False))
+        self.commits = WatermarkCommits(self.tracker, metrics)
 
     # -- lifecycle ------------------------------------------------------------------------
     def open(self) -> "Intake":
@@ -189,8 +185,8 @@ class Intake:
                 self._put_back(records)
         else:
             self._receive_all(records)
-        self._commit_outcomes()
-        if time.monotonic() - self._last_commit >= COMMIT_EVERY_S:
+        self.commits.apply_outcomes()
+        if self.commits.due:
             self.commit(wait=False)
         self.metrics.set("in_flight", self.running)
         self.metrics.set("commit_lag", self.tracker.lag)
@@ -214,7 +210,7 @@ class Intake:
         self.metrics.set("paused_partitions", len(want))
 
     # -- records ----------------------------------------------------------------------------
-    def _receive_all(self, records: dict) -> None:
+    def _receive_all(self, records: dict[TopicPartition, list[ConsumerRecord]]) -> None:
         interactive = False
         now = time.time()
         for tp, recs in records.items():
@@ -224,13 +220,13 @@ class Intake:
         self._interactive_busy = interactive
         self.max_seen_inflight = max(self.max_seen_inflight, self.running)
 
-    def _put_back(self, records: dict) -> None:
+    def _put_back(self, records: dict[TopicPartition, list[ConsumerRecord]]) -> None:
         """Records that may not be admitted now: read them again from the first one (a
         later commit can never pass them: they are not in the watermark)."""
         for tp, recs in records.items():
             self.consumer.seek(tp, recs[0].offset)
 
-    def _receive(self, tp: TopicPartition, rec: Any, now: float) -> None:
+    def _receive(self, tp: TopicPartition, rec: ConsumerRecord, now: float) -> None:
         self.metrics.inc("received")
         self.tracker.add(tp, rec.offset)
         s = self.settings
@@ -256,8 +252,9 @@ class Intake:
         attempt = f"{self.attempt_prefix}.{ticket}"
         if rid in self.cancelled or req.batch_id in self.cancelled_batches:
             self._add_job(Job(ticket, rid, None, tp, [(tp, rec.offset)], batch_id=req.batch_id))
-            self._publish((ABORTED, Aborted(ticket, rid, attempt, req.batch_id,
-                                               req.submitted_at, now)))
+            self._publish(Aborted(ticket=ticket, request_id=rid, attempt=attempt,
+                                  batch_id=req.batch_id, submitted_at=req.submitted_at,
+                                  queued_at=now))
             return
         params = req.params  # the engine's SamplingParams, validated when decoded
         messages, extra = chat_inputs(req, self.template_takes_tools)
@@ -266,10 +263,11 @@ class Intake:
                           batch_id=req.batch_id))
         self.running += 1
         # NOTE: the publisher hears of the attempt before the engine can produce output for it.
-        self._publish((ADMIT, Admitted(
-            ticket, rid, attempt, req.wants_stream, req.batch_id, req.submitted_at, now,
-            _source(tp, rec.offset), raw=rec.value, headers=list(rec.headers or []),
-            key=rec.key, tools=uses_tools)))
+        self._publish(Admitted(
+            ticket=ticket, request_id=rid, attempt=attempt, stream=req.wants_stream,
+            batch_id=req.batch_id, submitted_at=req.submitted_at, queued_at=now,
+            source=_source(tp, rec.offset), raw=rec.value, headers=list(rec.headers or []),
+            key=rec.key, tools=uses_tools))
         self.engine.add(attempt, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                         params=params, priority=req.priority, messages=messages,
                         arrival_time=now, **extra)
@@ -282,16 +280,17 @@ class Intake:
         if job.request_id is not None:
             self.by_id[job.request_id] = job
 
-    def _reject(self, tp: TopicPartition, rec: Any, rid: str | None, code: str, message: str,
-                field: str | None, batch_id: str | None) -> None:
+    def _reject(self, tp: TopicPartition, rec: ConsumerRecord, rid: str | None, code: str,
+                message: str, field: str | None, batch_id: str | None) -> None:
         ticket = next(self._tickets)
         self.jobs[ticket] = Job(ticket, rid, None, tp, [(tp, rec.offset)])
-        self._publish((REJECT, Rejected(
-            ticket, rid, code, message, field, batch_id, _source(tp, rec.offset),
+        self._publish(Rejected(
+            ticket=ticket, request_id=rid, code=code, message=message, field=field,
+            batch_id=batch_id, source=_source(tp, rec.offset),
             raw=rec.value if rec.value is not None else b"", headers=list(rec.headers or []),
-            key=rec.key)))
+            key=rec.key))
 
-    def _publish(self, item: tuple[str, Any]) -> None:
+    def _publish(self, item: PublisherCommand) -> None:
         """Hand `item` to the publisher (never waits: see the module's NOTE)."""
         self.publish.put(item)
 
@@ -323,94 +322,42 @@ class Intake:
             first = self.settled.get(timeout=timeout)
         except queue.Empty:
             return
-        self._settle(*first)
+        self._settle(first)
         self._drain_settled()
 
     def _drain_settled(self) -> None:
         while True:
             try:
-                ticket, state = self.settled.get_nowait()
+                settled = self.settled.get_nowait()
             except queue.Empty:
                 return
-            self._settle(ticket, state)
+            self._settle(settled)
 
-    def _settle(self, ticket: int, state: str) -> None:
+    def _settle(self, settled: Settled) -> None:
         """FINISHED: out of the engine; ACKED: its ending is acknowledged, so its offsets
         are done; DROPPED: handed back, ended without publishing anything."""
-        job = self.jobs.get(ticket)
+        job = self.jobs.get(settled.ticket)
         if job is None:
             return
         if job.running:
             job.running = False
             self.running -= 1
-        if state == FINISHED:
+        if settled.state is TicketState.FINISHED:
             return
-        del self.jobs[ticket]
+        del self.jobs[settled.ticket]
         if self.by_id.get(job.request_id) is job:
             del self.by_id[job.request_id]
-        if state == ACKED:
+        if settled.state is TicketState.ACKED:
             for tp, offset in job.sources:
                 self.tracker.done(tp, offset)
             if job.request_id is not None:
                 self.recent.add(job.request_id)
 
     def commit(self, wait: bool = True) -> None:
-        """Commit each owned partition's watermark (a no-op when it has not moved). `wait`:
-        synchronously, for at most COMMIT_WAIT_MS (shutdown, tests); else asynchronously,
-        one commit in flight at a time (the loop: it must never wait on the broker)."""
-        self._last_commit = time.monotonic()
+        """Commit each owned partition's watermark (consumers.watermark_commits); `wait`:
+        synchronously, for at most COMMIT_WAIT_MS (shutdown, tests)."""
         self._handle_rebalances()
-        if self._commit_in_flight:
-            if not wait:
-                return
-            self._await_commit()
-        assigned = self.consumer.assignment()
-        offsets = {tp: off for tp, off in self.tracker.to_commit().items() if tp in assigned}
-        if not offsets:
-            return
-        commit = {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
-        if wait:
-            try:
-                self.consumer.commit(commit, timeout_ms=COMMIT_WAIT_MS)
-            except (CommitFailedError, KafkaError) as exc:
-                log.warning("commit failed (%s); the watermark is committed again later", exc)
-                return
-            self._committed(offsets)
-            return
-        self._commit_in_flight = True
-        done = self._commits.put
-        try:
-            # NOTE: the callback runs on this thread, inside a later poll(); it only enqueues
-            self._commit_future = self.consumer.commit_async(
-                commit, callback=lambda _o, res: done((offsets, res)))
-        except (CommitFailedError, KafkaError) as exc:
-            done((offsets, exc))
-
-    def _commit_outcomes(self) -> None:
-        while True:
-            try:
-                offsets, res = self._commits.get_nowait()
-            except queue.Empty:
-                return
-            self._commit_in_flight = False
-            if isinstance(res, BaseException):
-                log.warning("commit failed (%s); the watermark is committed again later", res)
-            else:
-                self._committed(offsets)
-
-    def _await_commit(self) -> None:
-        """Let the commit in flight reach the broker before a synchronous one (so they land
-        in order); its outcome is applied at a later poll (marking older offsets committed
-        at worst costs one more commit)."""
-        deadline = time.monotonic() + COMMIT_WAIT_MS / 1000
-        fut = self._commit_future
-        while fut is not None and not fut.is_done and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self._commit_in_flight = False
-
-    def _committed(self, offsets: dict) -> None:
-        self.tracker.mark_committed(offsets)
-        self.metrics.inc("commits")
+        self.commits.commit(self.consumer, wait)
 
     # -- rebalances and hand-backs ----------------------------------------------------------
     def _handle_rebalances(self) -> None:
@@ -419,10 +366,11 @@ class Intake:
         assigned = False
         while True:
             try:
-                kind, tps = self._rebalances.get_nowait()
+                event = self._rebalances.get_nowait()
             except queue.Empty:
                 break
-            if kind == "revoked":
+            tps = event.partitions
+            if type(event) is PartitionsRevoked:
                 self.metrics.inc("rebalances")
                 self.owned -= tps
                 self.tracker.forget(tps)
@@ -451,11 +399,11 @@ class Intake:
             del self.by_id[job.request_id]
         if job.attempt is None:
             return
-        self._publish((HAND_BACK, job.attempt))
+        self._publish(HandBack(job.attempt))
         self.engine.abort(job.attempt)
         self.metrics.inc("handed_back")
 
-    def drain(self, timeout: float, stopped: Any = lambda: False) -> None:
+    def drain(self, timeout: float, stopped: Callable[[], bool] = lambda: False) -> None:
         """SIGTERM: admit nothing more and finish what runs, for at most `timeout` seconds;
         hand back the rest. Keeps polling (every partition paused) throughout, so this
         worker takes part in rebalances and a replacement joining meanwhile gets
@@ -476,15 +424,15 @@ class _Rebalance(ConsumerRebalanceListener):
     """NOTE: kafka-python 3 calls this on its I/O thread, where the consumer must not be
     touched: it only queues the change for the intake thread."""
 
-    def __init__(self, events: queue.SimpleQueue):
+    def __init__(self, events: queue.SimpleQueue[Rebalance]):
         self.events = events
 
-    def on_partitions_revoked(self, revoked) -> None:
-        self.events.put(("revoked", set(revoked)))
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.events.put(PartitionsRevoked(set(revoked)))
 
-    def on_partitions_assigned(self, assigned) -> None:
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("assigned %s", sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
-        self.events.put(("assigned", set(assigned)))
+        self.events.put(PartitionsAssigned(set(assigned)))
 
 
 def _source(tp: TopicPartition, offset: int) -> str:

@@ -1,5 +1,5 @@
 """What only the consumers need of Kafka: the group consumer, and a bounded id set.
-(Producers, plain consumers and partition lookups: schemas.kafka_clients.)"""
+(Producers, plain consumers and partition lookups: transport.kafka_clients.)"""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 
 from kafka import KafkaConsumer
 
-from inflight.schemas.kafka_clients import connect, group_config, kafka_python_names
+from inflight.transport.kafka_clients import connect, group_config, kafka_python_names
 from inflight.schemas.settings import Settings
 
 
 def group_consumer(settings: Settings, group: str, **overrides: Any) -> KafkaConsumer:
-    """A kafka-python consumer in `group` with schemas.kafka_clients.group_config (manual
+    """A kafka-python consumer in `group` with transport.kafka_clients.group_config (manual
     commits, earliest offset for a new group) and INFLIGHT_KAFKA_PYTHON_FETCH_MAX_WAIT_MS;
     `overrides` in kafka-python's names."""
     opts = kafka_python_names(group_config(settings, group))

@@ -18,7 +18,7 @@ import threading
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from prometheus_client import CollectorRegistry, Gauge
 
-from inflight.schemas.kafka_clients import connect
+from inflight.transport.kafka_clients import connect
 from inflight.schemas.settings import Settings
 
 log = logging.getLogger("inflight.lag")

@@ -8,7 +8,10 @@
                     and before the final; only for requests that stream
                  ─► finished: FinalEvent, or an ErrorEvent (+ DLQ copy when the input was
                     at fault) on inflight.results, tracked until Kafka acknowledges it
-    acks (consumers.endings) ─► the ticket's last message acknowledged ─► the intake commits
+    acks (consumers.tracked_sends) ─► the ticket's last message acknowledged ─► the intake commits
+
+What comes in is one of consumers.thread_messages' PublisherCommands, each handled by the
+method its type maps to (`handle`); what goes back to the intake is `Settled(ticket, state)`.
 
 NOTE (backpressure): the queue itself is unbounded, and never blocks anyone putting into
 it. The intake's commands are bounded by its own limits (every one belongs to a job it
@@ -18,9 +21,11 @@ publisher is `behind`, and the intake stops admitting (partitions paused) but go
 polling, so a slow or stalled broker never costs the worker its place in the group.
 
 Events are encoded by consumers.event_bytes (orjson on plain values, no pydantic). Endings
-(final events, DLQ copies) are tracked until acknowledged by consumers.endings, which also
-deals with send failures. Token deltas and status events are not tracked: a lost one is
+(final events, DLQ copies) are tracked until acknowledged by consumers.tracked_sends, which
+also deals with send failures. Token deltas and status events are not tracked: a lost one is
 counted and logged; streams complete from the final event, which carries the whole text.
+Partitions are picked here, by transport.partitioner (the rule every reader of a request's
+events follows).
 """
 
 from __future__ import annotations
@@ -29,21 +34,28 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from kafka.partitioner.default import murmur2
 
 from inflight.consumers import event_bytes
 from inflight.consumers.dlq import dlq_headers, dlq_value
-from inflight.consumers.endings import DLQ, FINAL, Ending, Endings, Message
-from inflight.consumers.handoff import (ABORTED, ADD_FAILED, ADMIT, DROPPED, FINISHED, HAND_BACK,
-                                       OUTPUTS, REJECT, STOP, Aborted, Admitted, Rejected, Slots)
+from inflight.consumers.engine_bridge import LogprobShaper
 from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.metrics import Metrics
+from inflight.consumers.thread_messages import (Aborted, AddFailed, Admitted, HandBack,
+                                                PublisherCommand, Rejected, Settled, Slots,
+                                                StepOutputs, StopPublishing, TicketState)
+from inflight.consumers.tracked_sends import DLQ, FINAL, Ending, Message, TrackedSends
 from inflight.schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, Settings
 from inflight.schemas.tools import parse_tool_calls
+from inflight.transport.partitioner import key_hash, partition_of
+from inflight.transport.results_producer import ResultsProducer
+
+if TYPE_CHECKING:
+    from inflight.engine.outputs import RequestOutput
 
 log = logging.getLogger("inflight.worker")
 
@@ -60,8 +72,10 @@ class _Stream:
 
     job: Admitted
     key: bytes
-    hash: int                      # murmur2 of the key: partitions are picked from it
+    hash: int                      # transport.partitioner.key_hash: partitions come from it
     live: bool                     # deltas wanted: the request streams, not handed back
+    raw: bytes | None              # the DLQ copy should the engine refuse the input (None
+                                   # from its first token on: the engine took it)
     index: int = 0                 # token events sent
     start: int = 0                 # tokens sent in them
     ids: list[int] = field(default_factory=list)
@@ -75,18 +89,20 @@ class EventPublisher:
     """The worker's publisher thread (module docstring): engine outputs and intake commands
     in, events on the results topics out."""
 
-    def __init__(self, settings: Settings, producer: Any, settled: queue.SimpleQueue, *,
-                 worker: str, metrics: Metrics, engine_metrics: EngineMetrics | None = None,
-                 logprobs: Any = None):
-        """`logprobs`: engine_bridge.LogprobShaper of the engine's tokenizer (None: requests
-        that asked for logprobs get none)."""
+    def __init__(self, settings: Settings, producer: ResultsProducer | None,
+                 settled: queue.SimpleQueue[Settled], *, worker: str, metrics: Metrics,
+                 engine_metrics: EngineMetrics | None = None,
+                 logprobs: LogprobShaper | None = None):
+        """`producer`: None until the worker opens (set `producer` before start());
+        `logprobs`: the shaper of the engine's tokenizer (None: requests that asked for
+        logprobs get none)."""
         self.settings = settings
         self.settled = settled
         self.worker = worker
         self.metrics = metrics
         self.engine_metrics = engine_metrics
         self.shape_logprobs = logprobs
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[PublisherCommand] = queue.SimpleQueue()
         self.steps = Slots(QUEUE_SIZE)
         self.topic_results = settings.topic_results
         self.topic_tokens = settings.topic_results_tokens
@@ -94,27 +110,27 @@ class EventPublisher:
         self.max_tokens = settings.stream_max_tokens
         self.max_bytes = settings.kafka_max_message_bytes
         self.streams: dict[str, _Stream] = {}        # by attempt
-        self.endings = Endings(settled, worker=worker, metrics=metrics,
-                               max_bytes=settings.kafka_max_message_bytes)
-        self.endings.on_untracked_error = self._untracked_failed
+        self.tracked = TrackedSends(settled, worker=worker, metrics=metrics,
+                                    max_bytes=settings.kafka_max_message_bytes)
         self._dirty: list[_Stream] = []
         self._token_events = 0
-        self._send_fast: Any = None
         self._num_partitions: dict[str, int] = {}
         self._next_flush = 0.0
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
-        self.producer = producer
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            StepOutputs: self._step, Admitted: self._admit, Rejected: self._reject,
+            Aborted: self._aborted, HandBack: self._hand_back, AddFailed: self._add_failed}
+        if producer is not None:
+            self.producer = producer
 
     @property
-    def producer(self) -> Any:
+    def producer(self) -> ResultsProducer:
         return self._producer
 
     @producer.setter
-    def producer(self, producer: Any) -> None:
-        self._producer = self.endings.producer = producer
-        # confluent (consumers.rd_producer): no Python call per successful untracked send
-        self._send_fast = getattr(producer, "send_untracked", None)
+    def producer(self, producer: ResultsProducer) -> None:
+        self._producer = self.tracked.producer = producer
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "EventPublisher":
@@ -131,7 +147,7 @@ class EventPublisher:
         """Flush, wait up to `ack_timeout` seconds for outstanding acknowledgements, exit."""
         if self.thread is None or not self.thread.is_alive():
             return
-        self.queue.put((STOP, ack_timeout))
+        self.queue.put(StopPublishing(ack_timeout))
 
     def join(self, timeout: float | None = None) -> bool:
         if self.thread is not None:
@@ -145,12 +161,12 @@ class EventPublisher:
             self._flush_all()
             self.tick()
             deadline = time.monotonic() + ack_timeout
-            while self.endings and time.monotonic() < deadline:
-                self.endings.drain_acks(wait=ACK_POLL_S)
-                self.endings.retry_due()
-            if self.endings:
+            while self.tracked and time.monotonic() < deadline:
+                self.tracked.drain_acks(wait=ACK_POLL_S)
+                self.tracked.retry_due()
+            if self.tracked:
                 log.warning("%d final event(s) unacknowledged at shutdown; their requests "
-                            "are redone by the group", len(self.endings))
+                            "are redone by the group", len(self.tracked))
         except BaseException as exc:  # noqa: BLE001 - reported to the worker, which stops
             log.exception("the publisher failed; the worker stops")
             self.error = exc
@@ -164,8 +180,8 @@ class EventPublisher:
                 item = None
             handled = 0
             while item is not None:
-                if item[0] == STOP:
-                    return item[1]
+                if type(item) is StopPublishing:
+                    return item.ack_timeout
                 self.handle(item)
                 handled += 1
                 if handled >= BATCH:
@@ -181,17 +197,17 @@ class EventPublisher:
         wait = IDLE_S
         if self._dirty:
             wait = min(wait, max(self._next_flush - now, 0.0))
-        if self.endings:
+        if self.tracked:
             wait = min(wait, ACK_POLL_S)
-        retry = self.endings.next_retry
+        retry = self.tracked.next_retry
         if retry is not None:
             wait = min(wait, max(retry - now, 0.0))
         return wait
 
     def tick(self) -> None:
         """Acks, due retries and due flushes (after each batch of commands)."""
-        self.endings.drain_acks()
-        self.endings.retry_due()
+        self.tracked.drain_acks()
+        self.tracked.retry_due()
         if self._dirty and time.monotonic() >= self._next_flush:
             self._flush_all()
         if self._token_events:
@@ -199,45 +215,45 @@ class EventPublisher:
             self._token_events = 0
 
     # -- commands ---------------------------------------------------------------------------
-    def handle(self, item: tuple[str, Any]) -> None:
-        kind, payload = item
-        if kind == OUTPUTS:
-            try:
-                self._outputs(*payload)
-            finally:
-                self.steps.give()
-        elif kind == ADMIT:
-            self._admit(payload)
-        elif kind == REJECT:
-            self._reject(payload)
-        elif kind == ABORTED:
-            self._aborted(payload)
-        elif kind == HAND_BACK:
-            st = self.streams.get(payload)
-            if st is not None:
-                st.handed_back, st.live, st.ids, st.texts = True, False, [], []
-        elif kind == ADD_FAILED:
-            attempt, message = payload
-            st = self.streams.pop(attempt, None)
-            if st is not None:
-                self.settled.put((st.job.ticket, FINISHED))
-                self._engine_error(st, ERR_INVALID_REQUEST, message)
+    def handle(self, item: PublisherCommand) -> None:
+        """One command, by the method its type maps to (StopPublishing ends _loop first)."""
+        self._handlers[type(item)](item)
+
+    def _step(self, step: StepOutputs) -> None:
+        try:
+            self._outputs(step.outputs, step.at)
+        finally:
+            self.steps.give()
+
+    def _hand_back(self, cmd: HandBack) -> None:
+        st = self.streams.get(cmd.attempt)
+        if st is not None:
+            st.handed_back, st.live, st.ids, st.texts = True, False, [], []
+
+    def _add_failed(self, cmd: AddFailed) -> None:
+        st = self.streams.pop(cmd.attempt, None)
+        if st is not None:
+            self.settled.put(Settled(st.job.ticket, TicketState.FINISHED))
+            self._engine_error(st, ERR_INVALID_REQUEST, cmd.message)
 
     def _admit(self, job: Admitted) -> None:
         key = job.request_id.encode()
-        st = self.streams[job.attempt] = _Stream(job, key, key_hash(key), job.stream)
+        # NOTE: the raw request is kept on the stream alone, so that it is freed at the
+        # first token (the engine took the input: no DLQ copy can be needed any more)
+        st = self.streams[job.attempt] = _Stream(replace(job, raw=None), key, key_hash(key),
+                                                 job.stream, job.raw)
         self._send_untracked(self.topic_results, key, event_bytes.status_event(
             job.request_id, job.attempt, self.worker, job.queued_at),
             self._partition(self.topic_results, st.hash))
 
-    def _outputs(self, outputs: list[Any], now: float) -> None:
+    def _outputs(self, outputs: list[RequestOutput], now: float) -> None:
         """One engine step's outputs (`now`: when the step returned): token deltas, endings,
         and the engine metrics (vLLM's TTFT, inter-token latency, e2e, token counters).
 
         NOTE: the hot loop (one pass per output of every step, i.e. per token at GPU
         rates): plain attribute work only. The engine metrics are gathered in this same
-        pass (a second pass over the outputs, in EngineMetrics.observe_outputs, cost about
-        as much as this one): per request only at its first token and at its end; the
+        pass (a second pass over the outputs cost about as much as this one): per
+        request only at its first token and at its end; the
         inter-token gaps by the previous token's time, kept on the stream (most requests
         of a step share it), recorded once per step."""
         streams, tokens, max_tokens = self.streams, 0, self.max_tokens
@@ -256,7 +272,7 @@ class EventPublisher:
                     gaps[prev] = gaps.get(prev, 0) + 1
                     st.last_at = now
                 else:  # its first token(s): the engine accepted it, no DLQ copy is needed
-                    st.job.raw = None
+                    st.raw = None
                     st.last_at = em.observe_first(out, now) if em is not None else now
             if st.live and (ids or out.text_delta):
                 st.ids += ids
@@ -277,7 +293,7 @@ class EventPublisher:
         if em is not None:
             em.observe_tokens(tokens, gaps, now)
 
-    def _unknown_output(self, out: Any) -> None:
+    def _unknown_output(self, out: RequestOutput) -> None:
         """An output of an attempt with no stream (its add failed): counted, nothing sent."""
         em = self.engine_metrics
         if em is not None:
@@ -304,8 +320,8 @@ class EventPublisher:
         self._dirty = []
 
     def _partition(self, topic: str, h: int) -> int | None:
-        """The partition kafka-python's default partitioner would pick for a key hashing to
-        `h` (murmur2, like the Java client's).
+        """The partition of a key whose transport.partitioner.key_hash is `h` (None: the
+        topic's partitions are unknown now; the producer picks by the same rule).
 
         NOTE: given to send() explicitly, so the pure-Python murmur2 runs once per request
         instead of once per message (it cost about as much as the rest of send())."""
@@ -318,36 +334,33 @@ class EventPublisher:
             if not n:
                 return None
             self._num_partitions[topic] = n
-        return h % n
+        return partition_of(h, n)
 
     def _send_untracked(self, topic: str, key: bytes, value: bytes,
                         partition: int | None = None) -> None:
         try:
-            if self._send_fast is not None:
-                self._send_fast(topic, key, value, partition, self._untracked_failed)
-            else:
-                self.producer.send(topic, key=key, value=value, partition=partition).add_errback(
-                    self.endings.on_error, None, 0)
+            # librdkafka: no Python call at all for a successful untracked send
+            self.producer.send_untracked(topic, key, value, partition, self._untracked_failed)
         except Exception as exc:  # noqa: BLE001 - KafkaTimeoutError & co: never fatal here
             self._untracked_failed(exc)
 
     def _untracked_failed(self, exc: BaseException) -> None:
         self.metrics.inc("send_errors")
-        self.endings.warn("a token/status event was not delivered (%s); streams complete from the "
-                   "final event", exc)
+        self.tracked.warn("a token/status event was not delivered (%s); streams complete from "
+                          "the final event", exc)
 
     # -- endings ----------------------------------------------------------------------------
-    def _finish(self, st: _Stream, out: Any) -> None:
+    def _finish(self, st: _Stream, out: RequestOutput) -> None:
         job = st.job
         del self.streams[job.attempt]
         if st.handed_back:
-            self.settled.put((job.ticket, DROPPED))
+            self.settled.put(Settled(job.ticket, TicketState.DROPPED))
             return
-        self.settled.put((job.ticket, FINISHED))
+        self.settled.put(Settled(job.ticket, TicketState.FINISHED))
         if st.dirty or st.ids or st.texts:
             self._flush(st)
         if out.finish_reason == "error":
-            self._engine_error(st, getattr(out, "error_code", None) or ERR_ENGINE,
+            self._engine_error(st, out.error_code or ERR_ENGINE,
                                out.error or "the engine failed this request")
             return
         try:
@@ -363,16 +376,18 @@ class EventPublisher:
             self._engine_error(st, ERR_INTERNAL, f"the final event could not be encoded: {exc}")
             return
         self.metrics.inc("cancelled" if out.finish_reason == "abort" else "completed")
-        self.endings.track(Ending(job.ticket, job.request_id, job.attempt, job.batch_id,
+        self.tracked.track(Ending(job.ticket, job.request_id, job.attempt, job.batch_id,
                                   [Message(self.topic_results, st.key, value, None, FINAL,
                                            self._partition(self.topic_results, st.hash))]))
 
     def _engine_error(self, st: _Stream, code: str, message: str) -> None:
         """The engine failed the request: input problems go to the DLQ, its own do not."""
         job = st.job
-        raw = job.raw if code != ERR_ENGINE else None
-        self._reject(Rejected(job.ticket, job.request_id, code, message, None, job.batch_id,
-                              job.source, raw, job.headers, job.key, job.attempt))
+        raw = st.raw if code != ERR_ENGINE else None
+        self._reject(Rejected(ticket=job.ticket, request_id=job.request_id, code=code,
+                              message=message, field=None, batch_id=job.batch_id,
+                              source=job.source, raw=raw, headers=job.headers, key=job.key,
+                              attempt=job.attempt))
 
     def _reject(self, r: Rejected) -> None:
         key = r.request_id.encode() if r.request_id is not None else None
@@ -387,7 +402,7 @@ class EventPublisher:
             self.metrics.inc("dlq")
         self.metrics.inc("failed")
         log.info("rejected %s (%s): %s", r.request_id or "<no id>", r.code, r.message[:500])
-        self.endings.track(Ending(r.ticket, r.request_id, r.attempt, r.batch_id, messages))
+        self.tracked.track(Ending(r.ticket, r.request_id, r.attempt, r.batch_id, messages))
 
     def _aborted(self, a: Aborted) -> None:
         key = a.request_id.encode()
@@ -395,9 +410,6 @@ class EventPublisher:
                                         batch_id=a.batch_id, submitted_at=a.submitted_at,
                                         queued_at=a.queued_at, now=time.time())
         self.metrics.inc("cancelled")
-        self.endings.track(Ending(a.ticket, a.request_id, a.attempt, a.batch_id,
+        self.tracked.track(Ending(a.ticket, a.request_id, a.attempt, a.batch_id,
                                   [Message(self.topic_results, key, value, None, FINAL,
                                            self._partition(self.topic_results, key_hash(key)))]))
-
-def key_hash(key: bytes) -> int:
-    return murmur2(key) & 0x7FFFFFFF

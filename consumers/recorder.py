@@ -75,11 +75,14 @@ class Recorder:
         s = self.settings
         topics = [s.topic_requests, s.topic_requests_batch, s.topic_results]
         self.consumer = recorder_source(s, s.recorder_group, topics, s.recorder_batch_size)
+        metrics = ""
         if s.metrics_port is not None:
-            self.metrics.serve(s.metrics_port + 1, s.metrics_host)
+            port = self.metrics.serve(s.metrics_port + 1, s.metrics_host)
+            metrics = f" metrics=http://{s.metrics_host}:{port}/metrics"
             self.lag = LagProbe(s, s.recorder_group, topics, self.metrics.registry,
                                 s.metrics_lag_interval_s).start()
-        log.info("recorder: group=%s database=%s", s.recorder_group, self.store.url.split("@")[-1])
+        log.info("recorder: %s -> %s: group=%s%s", ",".join(topics),
+                 self.store.url.split("@")[-1], s.recorder_group, metrics)
         return self
 
     def run(self) -> None:
@@ -224,16 +227,3 @@ class Recorder:
                 log.exception("closing the recorder's consumer failed")
             self.consumer = None
         self.metrics.close()
-
-
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
-    rec = Recorder(Settings())
-    rec.install_signal_handlers()
-    rec.run()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

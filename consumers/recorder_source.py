@@ -9,7 +9,7 @@ kafka-python, as INFLIGHT_KAFKA_RECORDER_CONSUMER says.
 NOTE (why librdkafka): kafka-python fetched and parsed records in Python (the largest part
 of the recorder's CPU) and fetched only when asked, so every batch waited for a round
 trip; librdkafka prefetches and parses in C threads. The recorder reads no headers, so the
-records kafka-python could not parse (schemas.kafka_records) are nothing special here.
+records kafka-python could not parse (transport.kafka_records) are nothing special here.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from inflight.consumers.kafka_io import group_consumer
-from inflight.schemas.kafka_clients import group_config
+from inflight.transport.kafka_clients import group_config
 from inflight.schemas.settings import Settings
 
 log = logging.getLogger("inflight.recorder")
@@ -30,7 +30,8 @@ log = logging.getLogger("inflight.recorder")
 Records = dict[TopicPartition, list[tuple[int, Any]]]
 
 
-def recorder_source(settings: Settings, group: str, topics: list[str], max_records: int) -> Any:
+def recorder_source(settings: Settings, group: str, topics: list[str],
+                    max_records: int) -> RdSource | KafkaPythonSource:
     if settings.kafka_recorder_consumer == "kafka-python":
         return KafkaPythonSource(settings, group, topics, max_records)
     return RdSource(settings, group, topics)

@@ -9,8 +9,8 @@ Three threads, so the engine never waits on Kafka or JSON:
     rebalances, hand-backs ─Admitted / Rejected────────────► sends; acks
     watermark commits  ◄───────────────── settled tickets ──┘
 
-(consumers/intake.py, engine_loop.py, publisher.py; what they hand each other:
-consumers/handoff.py.) The in-flight limit bounds the intake's admissions and so the
+(consumers/intake.py, engine_loop.py, publisher.py; what they hand each other, one small
+frozen dataclass per kind of message: consumers/thread_messages.py.) The in-flight limit bounds the intake's admissions and so the
 engine's inbox; the publisher takes a bounded number of engine steps, so a slow broker
 slows the engine instead of filling memory, and stops admission while the intake goes on
 polling (no thread waits on the broker without a short bound: the worker stays in its
@@ -25,7 +25,8 @@ new is admitted, partitions stay paused but polled (rebalances go on), what runs
 within INFLIGHT_WORKER_DRAIN_TIMEOUT_S or is handed back uncommitted. The worker never
 talks to the database.
 
-Run it: `inflight worker` or `python -m inflight.consumers.worker` (settings from INFLIGHT_*).
+Run it: `inflight worker` (settings from INFLIGHT_*, its flags over them; the engine's
+config from consumers.engine_bridge.engine_config).
 """
 
 from __future__ import annotations
@@ -38,22 +39,45 @@ import signal
 import socket
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from inflight.consumers.engine_bridge import LogprobShaper, build_engine
+from inflight.consumers.engine_bridge import LogprobShaper
 from inflight.consumers.engine_loop import EngineLike, EngineLoop
-from inflight.consumers.intake import Intake
 from inflight.consumers.engine_metrics import EngineMetrics
+from inflight.consumers.intake import Intake
 from inflight.consumers.lag import LagProbe
 from inflight.consumers.metrics import Metrics
 from inflight.consumers.publisher import EventPublisher
-from inflight.consumers.rd_producer import results_producer
+from inflight.consumers.thread_messages import Settled
 from inflight.schemas import Settings
 from inflight.schemas.errors import InflightError
+from inflight.transport.results_producer import ResultsProducer, results_producer
+
+if TYPE_CHECKING:
+    from inflight.engine.config import EngineConfig
+    from inflight.engine.tokenizer import Tokenizer
 
 log = logging.getLogger("inflight.worker")
 
 PUBLISHER_ACK_TIMEOUT_S = 10.0
+
+
+@runtime_checkable
+class DescribedEngine(Protocol):
+    """An engine that says what it serves (inflight.engine.Engine; the fakes of tests and
+    benchmarks do not): its model folder names the engine metrics, its tokenizer shapes
+    logprobs and says whether the chat template renders tool definitions."""
+
+    config: EngineConfig
+    tokenizer: Tokenizer
+
+
+@runtime_checkable
+class ClosableEngine(Protocol):
+    """An engine with resources of its own to release (tensor-parallel ranks)."""
+
+    def close(self) -> None: ...
 
 
 class Worker:
@@ -67,23 +91,25 @@ class Worker:
         self.generation = uuid.uuid4().hex[:8]
         self.max_inflight = max_inflight or settings.worker_max_inflight
         self.metrics = metrics or Metrics("worker", settings.metrics_interval_s)
-        model = getattr(getattr(engine, "config", None), "model", None)
+        described = self.described = engine if isinstance(engine, DescribedEngine) else None
+        model = described.config.model if described is not None else None
         self.engine_metrics = EngineMetrics(self.metrics.registry,
                                             os.path.basename(str(model)) if model else "unknown")
-        settled: queue.SimpleQueue = queue.SimpleQueue()
-        tokenizer = getattr(engine, "tokenizer", None)
-        self.publisher = EventPublisher(settings, None, settled, worker=self.name,
-                                        metrics=self.metrics, engine_metrics=self.engine_metrics,
-                                        logprobs=LogprobShaper(tokenizer) if tokenizer is not None
-                                        else None)
+        settled: queue.SimpleQueue[Settled] = queue.SimpleQueue()
+        self.publisher = EventPublisher(
+            settings, None, settled, worker=self.name, metrics=self.metrics,
+            engine_metrics=self.engine_metrics,
+            logprobs=LogprobShaper(described.tokenizer) if described is not None else None)
         self.engine_loop = EngineLoop(engine, self.publisher.queue, self.publisher.steps,
                                       on_stats=self.engine_metrics.observe_stats)
         self.intake = Intake(settings, self.engine_loop, self.publisher.queue, settled,
                              attempt_prefix=self.generation, max_inflight=self.max_inflight,
                              metrics=self.metrics, engine_metrics=self.engine_metrics,
-                             publisher_behind=lambda: self.publisher.behind)
+                             publisher_behind=lambda: self.publisher.behind,
+                             template_takes_tools=described is not None
+                             and described.tokenizer.takes_tools)
         self.lag: LagProbe | None = None
-        self.producer: Any = None
+        self.producer: ResultsProducer | None = None
         self._stopping = False
         self._threads_started = False
 
@@ -101,14 +127,18 @@ class Worker:
         self.producer = results_producer(s)
         self.publisher.producer = self.producer
         self.intake.open()
+        metrics = ""
         if s.metrics_port is not None:
             port = self.metrics.serve(s.metrics_port, s.metrics_host)
-            log.info("worker metrics on http://%s:%d/metrics", s.metrics_host, port)
+            metrics = f" metrics=http://{s.metrics_host}:{port}/metrics"
             self.lag = LagProbe(s, s.worker_group, [s.topic_requests, s.topic_requests_batch],
                                 self.metrics.registry, s.metrics_lag_interval_s).start()
-        log.info("worker %s (attempts %s.*): group=%s topics=%s,%s max_inflight=%d", self.name,
-                 self.generation, s.worker_group, s.topic_requests, s.topic_requests_batch,
-                 self.max_inflight)
+        config = self.described.config if self.described is not None else None
+        serves = (f"{os.path.basename(str(config.model))} on {config.device} ({config.dtype})"
+                  if config is not None else type(self.engine).__name__)
+        log.info("worker %s serving %s: group=%s topics=%s,%s max_inflight=%d attempts=%s.*%s",
+                 self.name, serves, s.worker_group, s.topic_requests, s.topic_requests_batch,
+                 self.max_inflight, self.generation, metrics)
         return self
 
     def start(self) -> "Worker":
@@ -158,7 +188,7 @@ class Worker:
         self.intake.commit()
         log.info("worker %s stopped; %s", self.name, self.metrics.summary())
 
-    def _poll_while(self, busy, timeout: float) -> None:
+    def _poll_while(self, busy: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while busy() and time.monotonic() < deadline:
             self.intake.run_once()
@@ -189,37 +219,17 @@ class Worker:
         return self.intake.max_seen_inflight
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m inflight.consumers.worker", description="run one worker")
-    p.add_argument("--model", default=None)
-    p.add_argument("--kv-cache-mb", type=int, default=None)
-    p.add_argument("--device", default=None)
-    p.add_argument("--tensor-parallel-size", type=int, default=None)
-    p.add_argument("--kv-cache-dtype", default=None, help="auto | int8 | fp8 (INFLIGHT_KV_CACHE_DTYPE)")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
-    settings = Settings()
-    engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
-                          tensor_parallel_size=args.tensor_parallel_size,
-                          kv_cache_dtype=args.kv_cache_dtype)
-    return run_worker(settings, engine)
-
-
-def run_worker(settings: Settings, engine: Any) -> int:
+def run_worker(settings: Settings, engine: EngineLike) -> int:
     """Serve `engine` as one worker until SIGTERM or SIGINT (then drain, commit, leave the
-    group); the heap is settled once start-up is done. `inflight worker` and `main` run it."""
+    group); the heap is settled once start-up is done. `inflight worker` runs it."""
     worker = Worker(settings, engine)
     worker.install_signal_handlers()
     settle_heap()
     try:
         worker.run()
     finally:
-        close = getattr(engine, "close", None)  # its tensor-parallel ranks, if any
-        if close is not None:
-            close()
+        if isinstance(engine, ClosableEngine):  # its tensor-parallel ranks, if any
+            engine.close()
     return 0
 
 
@@ -239,7 +249,3 @@ def settle_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, *gc.get_threshold()[1:])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

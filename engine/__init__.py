@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from inflight.engine.errors import needs_extra
+
 _EXPORTS = {
     "Engine": "inflight.engine.engine",
     "DuplicateRequestError": "inflight.engine.engine",
@@ -36,6 +38,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'inflight.engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    with needs_extra("worker", f"inflight.engine.{name}"):  # torch, tokenizers, ...
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -34,8 +34,8 @@ class EngineConfig:
     - `debug_checks`: verify block-pool invariants after every step and poison freed
       input-batch rows (tests turn it on).
     - `cuda_graphs`: run decode-only steps padded on static buffers, captured as CUDA
-      graphs (None: on for CUDA with the Triton kernels; `INFLIGHT_CUDA_GRAPHS=0` turns the
-      default off). True on CPU runs the same padded path eagerly (tests).
+      graphs (None: on for CUDA with the Triton kernels; False: off). True on CPU runs the
+      same padded path eagerly (tests).
     - `overlap_outputs`: process a step's outputs (detokenize, stop checks) while the
       next step runs on the device, one step ahead (None: on for CUDA). Steps that
       speculate run synchronously (their drafts need the step before's tokens).
@@ -140,11 +140,9 @@ class EngineConfig:
         """Whether decode steps run padded on static buffers (see `cuda_graphs`)."""
         if self.cuda_graphs is not None:
             return self.cuda_graphs
-        env = os.environ.get("INFLIGHT_CUDA_GRAPHS", "1").strip().lower()
         # NOTE: not across ranks (yet): a captured graph would hold the collectives of one
         # rank, and the followers would have to replay theirs in step
-        return (self.is_cuda and kernels == "triton" and self.tensor_parallel_size == 1
-                and env not in ("0", "false", "off", "no"))
+        return self.is_cuda and kernels == "triton" and self.tensor_parallel_size == 1
 
     def resolve_overlap_outputs(self) -> bool:
         return self.is_cuda if self.overlap_outputs is None else self.overlap_outputs

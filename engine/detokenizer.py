@@ -45,6 +45,7 @@ class IncrementalDetokenizer:
         self._pending = ""           # text not handed out yet
         self._window = ""            # last max_stop_len - 1 chars of the text (stop search)
         self.stopped = False
+        self.stop_hit: str | None = None  # the stop string that ended the text
 
     def _new_stream(self, seed: list[int]) -> DecodeStream:
         seed = seed[-PROMPT_CONTEXT:]
@@ -85,10 +86,11 @@ class IncrementalDetokenizer:
             self._pending += new
             return False
         window = self._window + new
-        hits = [i for i in (window.find(s) for s in self.stop) if i >= 0]
+        hits = [(i, s) for i, s in ((window.find(s), s) for s in self.stop) if i >= 0]
         if hits:
+            at, self.stop_hit = min(hits, key=lambda h: h[0])
             # the cut lies in the pending text: a possible stop-string start is never handed out
-            cut = len(window) - min(hits)  # characters to drop from the end of the text
+            cut = len(window) - at  # characters to drop from the end of the text
             self._pending = (self._pending + new)[:-cut] if cut else self._pending + new
             self.stopped = True
             return True

@@ -447,7 +447,8 @@ class Engine:
                              reason, error, req.num_prompt_tokens, max(req.num_cached_tokens, 0),
                              req.prompt_token_ids, req.arrival_time, req.first_token_time,
                              req.finish_time, req.num_preemptions, error_code,
-                             req.logprobs, req.prompt_logprobs)
+                             req.logprobs, req.prompt_logprobs,
+                             req.detok.stop_hit if req.detok is not None else None)
 
     # -- offline use ------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],

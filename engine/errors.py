@@ -8,6 +8,10 @@ and what happens next.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+from collections.abc import Iterator
+
 
 class InflightError(Exception):
     """Base of every error this project raises on purpose."""
@@ -23,6 +27,38 @@ class CapacityError(InflightError):
 
 class ModelError(InflightError):
     """A model folder is missing, incomplete, or of an unsupported architecture."""
+
+
+class MissingExtraError(InflightError, ImportError):
+    """What was asked for needs an optional part of the install (an extra: worker, api, jobs)
+    that is not installed. The message names the extra and the pip line that adds it;
+    `extra` and `name` (the missing module) say the same to code."""
+
+    def __init__(self, extra: str, what: str, module: str | None = None):
+        missing = f"{module} is not installed" if module else "it is not installed"
+        super().__init__(f"{what} needs the `{extra}` extra ({missing}): "
+                         f"pip install 'inflight[{extra}]'")
+        self.extra = extra
+        self.name = module
+
+
+@contextlib.contextmanager
+def needs_extra(extra: str, what: str) -> Iterator[None]:
+    """Turn a missing third-party module inside the block into a MissingExtraError that
+    names `extra` (a module of the project itself missing is a bug: re-raised as is)."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if not exc.name or exc.name.partition(".")[0] == "inflight":
+            raise
+        raise MissingExtraError(extra, what, exc.name) from exc
+
+
+def require_extra(extra: str, what: str, *modules: str) -> None:
+    """MissingExtraError unless every module can be found (nothing is imported)."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtraError(extra, what, module)
 
 
 class EngineDeadError(InflightError):

@@ -23,7 +23,8 @@ class RequestOutput:
 
     `logprobs` (when the request asked for them): one entry per token of `token_ids`, so a
     delta's on a non-final output and all of them on the final one. `prompt_logprobs`: on
-    the final output only, one per prompt token, the first None.
+    the final output only, one per prompt token, the first None. `stop_reason`: the stop
+    string that ended the request (finish_reason "stop"; vLLM's field), else None.
     """
 
     request_id: str
@@ -44,6 +45,7 @@ class RequestOutput:
     error_code: str | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    stop_reason: str | None = None  # on the final output: the stop string that ended it
 
     @property
     def ttft(self) -> float | None:

@@ -1,13 +1,11 @@
 """The kernel set the engine calls, chosen once per engine: "torch" or "triton".
 
 The engine holds one `KernelOps` and calls its five functions; it never imports a kernel
-module directly. Default: triton on CUDA, torch elsewhere; `INFLIGHT_KERNELS=torch|triton`
-or `EngineConfig.kernels` overrides (triton on CPU needs TRITON_INTERPRET=1).
+module directly. Default: triton on CUDA, torch elsewhere; `EngineConfig.kernels` overrides
+(a worker's INFLIGHT_KERNELS sets it; triton on CPU needs TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
-
-import os
 
 from inflight.kernels.activation import silu_and_mul_ref
 from inflight.kernels.attention import paged_attention_torch
@@ -25,10 +23,10 @@ TORCH_OPS = KernelOps("torch", paged_attention_torch, write_kv_ref, rms_norm_ref
 
 
 def resolve_backend(requested: str | None, device: str) -> str:
-    name = requested or os.environ.get("INFLIGHT_KERNELS") or ("triton" if str(device).startswith("cuda") else "torch")
+    name = requested or ("triton" if str(device).startswith("cuda") else "torch")
     if name not in BACKENDS:
-        raise ValueError(f"unknown kernel backend {name!r}: set INFLIGHT_KERNELS or "
-                         f"EngineConfig.kernels to one of {BACKENDS}")
+        raise ValueError(f"unknown kernel backend {name!r}: set EngineConfig.kernels "
+                         f"(INFLIGHT_KERNELS) to one of {BACKENDS}")
     return name
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from inflight.schemas.anthropic_batch import MESSAGES_URL
-from inflight.schemas.anthropic_tools import tool_use_blocks
+from inflight.schemas.anthropic_message import message_object
 from inflight.schemas.batch import CHAT_URL
 from inflight.schemas.json_text import parse_json
 from inflight.schemas.tools import parse_tool_calls
@@ -48,7 +48,6 @@ PAGE = 1000  # input lines (and request rows fetched) per round trip
 _EXPIRED_MSG = "This request could not be executed before the completion window expired."
 _CANCELLED_MSG = "This request was cancelled before it completed."
 _OPENAI_STOP = {"stop": "stop", "length": "length"}
-_ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens"}
 
 
 def _hid(prefix: str, rid: str) -> str:
@@ -77,9 +76,20 @@ def _unfinished(row: dict[str, Any] | None, batch_status: str) -> str | None:
     return EXPIRED if batch_status == EXPIRED else CANCELLED
 
 
+def calls_tools(body: Any, anthropic: bool) -> bool:
+    """Whether a line's request could call its tools (its answer may hold call markup)."""
+    if not isinstance(body, dict) or not body.get("tools"):
+        return False
+    choice = body.get("tool_choice")
+    if anthropic:
+        return not (isinstance(choice, dict) and choice.get("type") == "none")
+    return choice != "none"
+
+
 def openai_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, endpoint: str,
-                model: str, batch_status: str) -> tuple[dict[str, Any], bool]:
-    """(output line, is_error) for one request in OpenAI's batch output format."""
+                model: str, batch_status: str, tools: bool = False) -> tuple[dict[str, Any], bool]:
+    """(output line, is_error) for one request in OpenAI's batch output format; `tools`:
+    the request could call tools (calls_tools)."""
     line: dict[str, Any] = {"id": _hid("batch_req_", rid), "custom_id": custom_id}
     gone = _unfinished(row, batch_status)
     if gone is not None:
@@ -94,8 +104,11 @@ def openai_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, endpoin
         finish = _OPENAI_STOP.get(row.get("finish_reason") or "stop", "stop")
         if endpoint == CHAT_URL:
             message = {"role": "assistant", "content": row.get("output") or ""}
-            if row.get("tool_calls"):  # content: the text outside the calls
-                message["content"] = parse_tool_calls(row.get("output") or "", rid)[0]
+            tools = tools or bool(row.get("tool_calls"))
+            if tools:  # content: the text outside the calls, no markup of a cut call
+                message["content"] = parse_tool_calls(row.get("output") or "", rid,
+                                                      cut=finish == "length")[0]
+            if tools and row.get("tool_calls"):
                 message["tool_calls"] = row["tool_calls"]
                 finish = "tool_calls" if finish == "stop" else finish  # cut short: "length"
             body = {"id": _hid("chatcmpl-", rid), "object": "chat.completion",
@@ -123,8 +136,8 @@ def openai_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, endpoin
 
 
 def anthropic_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, model: str,
-                   batch_status: str) -> dict[str, Any]:
-    """One Message Batches result line."""
+                   batch_status: str, tools: bool = False) -> dict[str, Any]:
+    """One Message Batches result line; `tools`: the request could call tools."""
     gone = _unfinished(row, batch_status)
     if gone is not None:
         return {"custom_id": custom_id,
@@ -132,18 +145,10 @@ def anthropic_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, mode
     assert row is not None
     if row["status"] == COMPLETED:
         p, c = _usage(row)
-        content = [{"type": "text", "text": row.get("output") or ""}]
-        stop = _ANTHROPIC_STOP.get(row.get("finish_reason") or "stop", "end_turn")
-        if row.get("tool_calls"):
-            text = parse_tool_calls(row.get("output") or "", rid)[0]
-            content = ([{"type": "text", "text": text}] if text else []) + \
-                tool_use_blocks(row["tool_calls"])
-            stop = "tool_use" if stop == "end_turn" else stop
-        message = {"id": _hid("msg_", rid), "type": "message", "role": "assistant",
-                   "model": model, "content": content,
-                   "stop_reason": stop,
-                   "stop_sequence": None,
-                   "usage": {"input_tokens": p, "output_tokens": c}}
+        message = message_object(rid, model, text=row.get("output") or "",
+                                 finish_reason=row.get("finish_reason") or "stop",
+                                 input_tokens=p, output_tokens=c,
+                                 tools=tools or bool(row.get("tool_calls")))
         return {"custom_id": custom_id, "result": {"type": "succeeded", "message": message}}
     code = row.get("error_code") or "engine_error"
     kind = ("invalid_request_error" if code in ("invalid_request", "invalid_schema", "prompt_too_long",
@@ -245,18 +250,21 @@ def _outcome(row: dict[str, Any] | None, batch_status: str) -> str:
     return COMPLETED if row["status"] == COMPLETED else FAILED
 
 
-def _pages(store: Store, batch: BatchRow) -> Iterator[list[tuple[str, str, str]]]:
-    """Pages of (custom_id, request_id, model) in input order (non-blank lines)."""
-    page: list[tuple[str, str, str]] = []
+def _pages(store: Store, batch: BatchRow) -> Iterator[list[tuple[str, str, str, bool]]]:
+    """Pages of (custom_id, request_id, model, calls tools) in input order (non-blank
+    lines)."""
+    anthropic = batch.endpoint == MESSAGES_URL
+    page: list[tuple[str, str, str, bool]] = []
     for no, raw in store.iter_file_lines(batch.input_file_id):  # type: ignore[arg-type]
         if not raw.strip():
             continue
         # the parser validation used: what passed it reads the same here
         obj = parse_json(raw, what=f"input line {no}")
         cid = obj["custom_id"]
-        body = obj.get("params") if batch.endpoint == MESSAGES_URL else obj.get("body")
+        body = obj.get("params") if anthropic else obj.get("body")
         model = body.get("model") if isinstance(body, dict) else None
-        page.append((cid, request_id_for(batch.id, cid), model if isinstance(model, str) else ""))
+        page.append((cid, request_id_for(batch.id, cid), model if isinstance(model, str) else "",
+                     calls_tools(body, anthropic)))
         if len(page) >= PAGE:
             yield page
             page = []
@@ -278,12 +286,12 @@ def write_results(store: Store, batch: BatchRow, *, default_model: str, final_st
     outcomes = dict.fromkeys((COMPLETED, FAILED, CANCELLED, EXPIRED), 0)
     spool = tempfile.SpooledTemporaryFile(max_size=8 << 20)
 
-    def fetched() -> Iterator[tuple[list[tuple[str, str, str]], dict[str, Any]]]:
+    def fetched() -> Iterator[tuple[list[tuple[str, str, str, bool]], dict[str, Any]]]:
         """(page, its rows), the next page's rows fetched while this one is formatted."""
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="results") as pool:
             ahead: tuple[Any, Future[dict[str, Any]]] | None = None
             for page in _pages(store, batch):
-                nxt = (page, pool.submit(store.result_rows, [rid for _, rid, _ in page]))
+                nxt = (page, pool.submit(store.result_rows, [p[1] for p in page]))
                 if ahead is not None:
                     yield ahead[0], ahead[1].result()
                 ahead = nxt
@@ -295,20 +303,21 @@ def write_results(store: Store, batch: BatchRow, *, default_model: str, final_st
             if keep_lease is not None and not keep_lease():
                 raise LostLease(batch.id)
             out = []
-            for cid, rid, model in page:
+            for cid, rid, model, tools in page:
                 row = rows.get(rid)
                 counts["lines"] += 1
                 try:
                     outcome = _outcome(row, final_status)
                     if anthropic:
-                        data = orjson.dumps(anthropic_line(cid, rid, row, model=model or default_model,
-                                                           batch_status=final_status))
+                        data = orjson.dumps(anthropic_line(
+                            cid, rid, row, model=model or default_model,
+                            batch_status=final_status, tools=tools))
                         is_error = False
                     else:
                         line, is_error = openai_line(cid, rid, row,
                                                      endpoint=batch.endpoint or CHAT_URL,
                                                      model=model or default_model,
-                                                     batch_status=final_status)
+                                                     batch_status=final_status, tools=tools)
                         data = orjson.dumps(line)
                 except Exception as exc:  # noqa: BLE001 — one unreadable row, not the batch
                     log.error("batch %s: the result of request %s cannot be written (%s: %s); "

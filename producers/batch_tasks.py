@@ -23,6 +23,7 @@ import os
 import socket
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,13 @@ from celery import Celery
 from inflight.schemas import Settings
 from inflight.schemas.errors import NotFoundError, Retry
 from inflight.store import Store
+from inflight.store.urls import redact
 
 from inflight.producers.batch_faults import fail_batch, reason_of, transient
 from inflight.producers.batch_jobs import JobContext, sweep, validate_and_enqueue
 from inflight.producers.batch_lines import context_length
-from inflight.producers.celery_app import ENQUEUE_TASK, SWEEP_TASK, celery_app, send_enqueue
+from inflight.producers.celery_app import (ENQUEUE_TASK, SWEEP_TASK, celery_app,
+                                           embedded_broker_dir, send_enqueue)
 from inflight.producers.client import Client
 
 log = logging.getLogger("inflight.batch")
@@ -125,6 +128,12 @@ def make_worker(app: Celery, *, concurrency: int = 2, pool: str = "threads", bea
     """A Celery WorkController for the batch tasks; `.start()` blocks until `.stop()` or a
     signal. With `beat`, the sweep schedule runs inside it (each worker its own beat: the
     sweep is safe to run twice at once)."""
+    from celery.platforms import SecurityWarning
+
+    # NOTE: Celery warns in six lines when its worker runs as root (CI containers, a
+    # laptop's `make demo`) of what pickle would allow; these workers take JSON only
+    # (producers.celery_app). `inflight jobs` says so in its start line instead.
+    warnings.filterwarnings("ignore", category=SecurityWarning)
     schedule = Path(tempfile.mkdtemp(prefix="inflight-beat-")) / "schedule"
     return app.Worker(concurrency=concurrency, pool=pool, beat=beat, loglevel=loglevel,
                       hostname=hostname or f"inflight-jobs-{os.getpid()}@{socket.gethostname()}",
@@ -133,8 +142,27 @@ def make_worker(app: Celery, *, concurrency: int = 2, pool: str = "threads", bea
 
 
 def run_worker(app: Celery, **kw: Any) -> None:
-    """`inflight jobs`: run a worker (make_worker's arguments) until SIGTERM / Ctrl-C."""
+    """`inflight jobs`: run a worker (make_worker's arguments) until SIGTERM / Ctrl-C. Once
+    it takes tasks, one line says what it serves (instead of Celery's own start-up lines)."""
+    from celery.signals import worker_ready
+
+    for name in ("celery.apps.worker", "celery.beat", "celery.worker.consumer.connection"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    s: Settings = app.inflight_resources.settings  # type: ignore[attr-defined]
+    broker = (f"embedded filesystem transport in {embedded_broker_dir(s)}" if not s.celery_broker
+              else redact(s.celery_broker))
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+
+    def ready(**_: Any) -> None:
+        log.info("jobs ready: batch tasks of queue %s from %s; store %s; %s x %s%s%s",
+                 s.celery_queue, broker, redact(s.database_url), kw.get("concurrency", 2),
+                 kw.get("pool", "threads"),
+                 f"; sweep every {s.batch_sweep_interval_s:g}s" if kw.get("beat", True) else "",
+                 " (as root: it takes JSON messages only, never pickle)" if root else "")
+
+    worker_ready.connect(ready, weak=False)
     try:
         make_worker(app, **kw).start()
     finally:
+        worker_ready.disconnect(ready)
         app.inflight_resources.close()  # type: ignore[attr-defined]

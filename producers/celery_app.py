@@ -44,8 +44,9 @@ def broker_options(settings: Settings) -> tuple[str, str | None, dict[str, Any]]
     queue, processed, control = root / "queue", root / "processed", root / "control"
     for d in (queue, processed, control):
         d.mkdir(parents=True, exist_ok=True)
-    # control_folder: kombu's default is ./control in the working directory
-    return "filesystem://", FS_TRANSPORT, {
+    # control_folder: kombu's default is ./control in the working directory. The host part
+    # means nothing to this transport; without one kombu warns that it assumes localhost.
+    return "filesystem://localhost/", FS_TRANSPORT, {
         "data_folder_in": str(queue), "data_folder_out": str(queue),
         "processed_folder": str(processed), "control_folder": str(control),
         "store_processed": False, "polling_interval": 0.2}

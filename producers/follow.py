@@ -21,17 +21,23 @@ import collections
 import queue
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Protocol
 
 from inflight.schemas import ErrorEvent, FinalEvent
 
-from inflight.producers.stream import StreamAssembler
+from inflight.producers.stream import StreamAssembler, StreamEvent
+
+
+class FollowRegistry(Protocol):
+    """Where a follow is registered (producers.results_reader.ResultsReader)."""
+
+    def unfollow(self, f: Follow) -> None: ...
 
 
 class Follow:
     """What the reader keeps of one follow; subclasses say how the follower is woken."""
 
-    def __init__(self, reader: Any, request_id: str, since: float | None):
+    def __init__(self, reader: FollowRegistry, request_id: str, since: float | None):
         self.reader = reader
         self.request_id = request_id
         self.key = request_id.encode()
@@ -44,7 +50,7 @@ class Follow:
         self.opened_at = time.monotonic()
 
     # -- the reader thread ----------------------------------------------------------------
-    def push(self, events: list[Any]) -> None:
+    def push(self, events: list[StreamEvent | BaseException]) -> None:
         raise NotImplementedError
 
     def fail(self, exc: BaseException) -> None:
@@ -57,7 +63,7 @@ class Follow:
             self.closed = True
             self.reader.unfollow(self)
 
-    def _taken(self, item: Any) -> Any:
+    def _taken(self, item: StreamEvent | BaseException) -> StreamEvent:
         if isinstance(item, BaseException):
             raise item
         if isinstance(item, (FinalEvent, ErrorEvent)):
@@ -74,15 +80,15 @@ class Follow:
 class SyncFollow(Follow):
     """For a thread: a blocking queue."""
 
-    def __init__(self, reader: Any, request_id: str, since: float | None):
+    def __init__(self, reader: FollowRegistry, request_id: str, since: float | None):
         super().__init__(reader, request_id, since)
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[StreamEvent | BaseException] = queue.SimpleQueue()
 
-    def push(self, events: list[Any]) -> None:
+    def push(self, events: list[StreamEvent | BaseException]) -> None:
         for e in events:
             self._q.put(e)
 
-    def get(self, deadline: float) -> Any:
+    def get(self, deadline: float) -> StreamEvent:
         """The next event; TimeoutError once `deadline` (time.monotonic()) passes."""
         try:
             item = self._q.get(timeout=max(deadline - time.monotonic(), 0.0))
@@ -90,7 +96,8 @@ class SyncFollow(Follow):
             raise TimeoutError from None
         return self._taken(item)
 
-    def events(self, deadline: float, on_timeout: Callable[[], Exception]) -> Iterator[Any]:
+    def events(self, deadline: float,
+               on_timeout: Callable[[], Exception]) -> Iterator[StreamEvent]:
         """The stream up to and including its final; `on_timeout()` is raised at the deadline."""
         while not self.finished:
             try:
@@ -103,14 +110,14 @@ class AsyncFollow(Follow):
     """For an event loop: a deque the reader fills, and a future it resolves (through the
     loop, once per batch of records for all of the loop's follows)."""
 
-    def __init__(self, reader: Any, request_id: str, since: float | None,
+    def __init__(self, reader: FollowRegistry, request_id: str, since: float | None,
                  loop: asyncio.AbstractEventLoop):
         super().__init__(reader, request_id, since)
         self.loop = loop
-        self._items: collections.deque = collections.deque()
+        self._items: collections.deque[StreamEvent | BaseException] = collections.deque()
         self._waiter: asyncio.Future | None = None
 
-    def push(self, events: list[Any]) -> None:
+    def push(self, events: list[StreamEvent | BaseException]) -> None:
         self._items.extend(events)           # deque.extend is atomic; the loop wakes later
 
     def wake(self) -> None:
@@ -119,7 +126,7 @@ class AsyncFollow(Follow):
         if w is not None and not w.done():
             w.set_result(None)
 
-    async def next(self, deadline: float) -> Any:
+    async def next(self, deadline: float) -> StreamEvent:
         """The next event; TimeoutError once `deadline` (time.monotonic()) passes."""
         while not self._items:
             # NOTE: no await between the check above and the new waiter, and wake() runs on

@@ -39,13 +39,16 @@ import queue
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from inflight.schemas import SchemaError, Settings, decode_result
 from inflight.schemas.errors import BrokerError, CapacityError
+from inflight.transport.partitioner import partition_for
 
 from inflight.producers.follow import AsyncFollow, Follow, SyncFollow
-from inflight.producers.stream import partition_for
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, Message
 
 log = logging.getLogger("inflight.results")
 
@@ -60,6 +63,7 @@ LOOKUP_TIMEOUT_S = 2.0
 RETRY_S = 1.0               # the broker unreachable: try again this often
 
 TP = tuple[str, int]
+F = TypeVar("F", bound=Follow)
 
 
 class ResultsReader:
@@ -79,7 +83,7 @@ class ResultsReader:
         self._stop = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._consumer: Any = None
+        self._consumer: Consumer | None = None
         self._nparts: dict[str, int] = {}
         self._pos: dict[TP, int] = {}        # next offset to read, per located partition
         self._unresolved: set[TP] = set()
@@ -89,11 +93,6 @@ class ResultsReader:
         self._last_fine = self._last_coarse = 0.0
 
     # -- following (any thread) -------------------------------------------------------------
-    @property
-    def followed(self) -> int:
-        """Follows open now (registered and not closed)."""
-        return self._count
-
     def follow(self, request_id: str, since: float | None = None) -> SyncFollow:
         """Follow one request from a thread. `since`: no event of it was appended before
         this instant (epoch seconds, this host's clock: give a foreign time early enough);
@@ -104,7 +103,7 @@ class ResultsReader:
         """The same, for the running event loop."""
         return self._register(AsyncFollow(self, request_id, since, asyncio.get_running_loop()))
 
-    def _register(self, f: Any) -> Any:
+    def _register(self, f: F) -> F:
         self.start()
         with self._lock:
             if self._closed:
@@ -140,15 +139,6 @@ class ResultsReader:
                                                 daemon=True)
                 self._thread.start()
         return self
-
-    def wait_ready(self, timeout: float) -> bool:
-        """True once the reader has located its partitions (tests, start-up)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._consumer is not None and not self._unresolved:
-                return True
-            time.sleep(0.01)
-        return False
 
     def close(self) -> None:
         with self._lock:
@@ -193,7 +183,7 @@ class ResultsReader:
                 log.debug("closing the results consumer failed", exc_info=True)
             self._consumer = None
 
-    def _take(self) -> list[Any]:
+    def _take(self) -> list[Message]:
         """What has arrived (up to BATCH); waits up to POLL_S only while nothing has.
         NOTE: librdkafka's consume(n, timeout) waits for n records or the whole timeout."""
         c = self._consumer
@@ -327,7 +317,7 @@ class ResultsReader:
         i = bisect.bisect_right([t for t, _ in self._coarse], since)
         return self._coarse[i - 1][1].get(tp) if i else None
 
-    def _dispatch(self, msgs: list[Any]) -> None:
+    def _dispatch(self, msgs: list[Message]) -> None:
         pos, tokens_topic = self._pos, self.topics[0]
         deltas: list[tuple[list[Follow], bytes]] = []
         others: list[tuple[list[Follow], bytes]] = []
@@ -370,7 +360,7 @@ class ResultsReader:
     @staticmethod
     def _wake(follows: list[Follow]) -> None:
         """Wake the async follows, once per event loop for all of its follows."""
-        loops: dict[Any, list[AsyncFollow]] = {}
+        loops: dict[asyncio.AbstractEventLoop, list[AsyncFollow]] = {}
         for f in follows:
             if isinstance(f, AsyncFollow):
                 loops.setdefault(f.loop, []).append(f)

@@ -19,16 +19,10 @@ Rules (StreamAssembler):
 
 from __future__ import annotations
 
-from typing import Any
-
-from kafka.partitioner.default import murmur2
-
 from inflight.schemas import ErrorEvent, FinalEvent, StatusEvent, TokenEvent
 
-
-def partition_for(key: str, num_partitions: int) -> int:
-    """kafka-python's default partitioner (murmur2, like the Java client)."""
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % num_partitions
+# what a reader gets from one request's stream
+StreamEvent = TokenEvent | FinalEvent | ErrorEvent
 
 
 class StreamAssembler:
@@ -45,7 +39,7 @@ class StreamAssembler:
         self._index_out = 0                  # index of the next delta given to the reader
         self.done = False
 
-    def feed(self, event: Any) -> list[Any]:
+    def feed(self, event: TokenEvent | StatusEvent | FinalEvent | ErrorEvent) -> list[StreamEvent]:
         """What the reader gets now (maybe nothing); `done` turns True at the final."""
         if self.done or isinstance(event, StatusEvent):
             return []

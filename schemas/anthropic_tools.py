@@ -101,6 +101,12 @@ def _result_text(content: Any, where: str, raw: bytes, rid: str) -> str:
                 f"{where}.content", rid)
 
 
+def tool_use_id(call_id: str) -> str:
+    """The Messages API id of a call (OpenAI's `call_...` id, hashed: every reader of the
+    answer names it the same)."""
+    return "toolu_" + hashlib.sha256(call_id.encode()).hexdigest()[:24]
+
+
 def tool_use_blocks(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """An answer's calls (OpenAI's shape) as Messages API `tool_use` content blocks."""
     out = []
@@ -109,7 +115,6 @@ def tool_use_blocks(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
             args = json.loads(c["function"]["arguments"])
         except ValueError:
             args = {}
-        out.append({"type": "tool_use",
-                    "id": "toolu_" + hashlib.sha256(c["id"].encode()).hexdigest()[:24],
+        out.append({"type": "tool_use", "id": tool_use_id(c["id"]),
                     "name": c["function"]["name"], "input": args})
     return out

@@ -7,10 +7,12 @@ and what happens next. Code that handles input never raises anything else at its
 from __future__ import annotations
 
 # the root and the engine's own errors live with the engine (which imports no wire code)
-from inflight.engine.errors import CapacityError, ConfigError, InflightError, ModelError
+from inflight.engine.errors import (CapacityError, ConfigError, InflightError, MissingExtraError,
+                                    ModelError, needs_extra, require_extra)
 
 __all__ = ["InflightError", "SchemaError", "ConfigError", "CapacityError", "BrokerError",
-           "StoreError", "NotFoundError", "StateError", "ModelError", "Retry"]
+           "StoreError", "NotFoundError", "StateError", "ModelError", "Retry",
+           "MissingExtraError", "needs_extra", "require_extra"]
 
 
 class SchemaError(InflightError, ValueError):

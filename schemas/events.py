@@ -134,6 +134,9 @@ class FinalEvent(WireModel):
     # a request with tools: the calls its answer made (OpenAI's shape; `text` keeps the raw
     # answer, schemas.tools.parse_tool_calls reads both out of it)
     tool_calls: list[ToolCall] | None = None
+    # finish_reason "stop" because of one of the request's stop strings: that string
+    # (vLLM's field; the Messages API answers it as stop_sequence); else None
+    stop_reason: str | None = None
 
 
 class ErrorEvent(WireModel):

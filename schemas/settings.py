@@ -10,8 +10,10 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from inflight.engine.errors import ConfigError
 
 
 # NOTE: the same name as inflight.engine.model_folder.DEFAULT_MODEL_NAME (the wire does not
@@ -45,6 +47,14 @@ def _data_dir() -> Path:
 def _cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "inflight"
+
+
+ENGINE_OPTION = "engine_option"
+
+
+def engine_option(default: Any = None) -> Any:
+    """A Settings field that is the EngineConfig field of the same name (see Settings)."""
+    return Field(default=default, json_schema_extra={ENGINE_OPTION: True})
 
 
 class Settings(BaseSettings):
@@ -107,26 +117,28 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=_cache_dir)
     data_dir: Path = Field(default_factory=_data_dir)
     max_prompt_chars: int = 200_000
-    # Engine knobs of a worker (EngineConfig fields; None = the engine's own default).
-    # A GPU worker: INFLIGHT_DEVICE=cuda INFLIGHT_DTYPE=bfloat16 (or `inflight worker
-    # --device cuda --dtype bfloat16`). The CLI flags win over these.
-    device: str | None = None  # cpu | cuda | cuda:N (engine default: cpu)
-    dtype: str | None = None  # float32 | bfloat16 | float16 (engine default: float32)
-    max_num_seqs: int | None = None  # requests running at once (None = worker_max_inflight)
-    max_num_batched_tokens: int | None = None  # token budget of one forward pass (2048)
-    max_model_len: int | None = None  # context cap (None = the checkpoint's)
-    kv_cache_bytes: int | None = None  # KV budget in bytes (engine default: 1 GiB on CPU; CUDA: below)
-    kv_cache_memory_fraction: float | None = None  # CUDA, no kv_cache_bytes: share of the GPU the engine fills (0.9)
-    block_size: int | None = None  # tokens per KV block (16)
-    enable_prefix_caching: bool = True
-    kernels: str | None = None  # torch | triton (None = triton on CUDA, torch on CPU)
-    cuda_graphs: bool | None = None  # decode steps as CUDA graphs (None = on for CUDA + triton; 0 = off)
-    tensor_parallel_size: int | None = None  # GPUs (ranks) one worker shards its model over (1)
-    kv_cache_dtype: str | None = None  # auto (the model dtype) | int8 | fp8 (e4m3); None = auto
+    # Engine options of a worker: each is the EngineConfig field of the same name (None =
+    # the engine's own default), set by INFLIGHT_<NAME> or `inflight worker --<name>` (the
+    # flag wins); consumers.engine_bridge.engine_config passes them on, and
+    # tests/consumers/test_engine_config.py checks each has its flag and its docs row.
+    # A GPU worker: INFLIGHT_DEVICE=cuda INFLIGHT_DTYPE=bfloat16.
+    device: str | None = engine_option()  # cpu | cuda | cuda:N | cuda:auto (engine default: cpu)
+    dtype: str | None = engine_option()  # float32 | bfloat16 | float16 (engine default: float32)
+    max_num_seqs: int | None = engine_option()  # requests running at once (None = worker_max_inflight)
+    max_num_batched_tokens: int | None = engine_option()  # token budget of one forward pass (2048)
+    max_model_len: int | None = engine_option()  # context cap (None = the checkpoint's)
+    kv_cache_bytes: int | None = engine_option()  # KV budget in bytes (engine default: 1 GiB on CPU; CUDA: below)
+    kv_cache_memory_fraction: float | None = engine_option()  # CUDA, no kv_cache_bytes: share of the GPU the engine fills (0.9)
+    block_size: int | None = engine_option()  # tokens per KV block (16)
+    enable_prefix_caching: bool | None = engine_option()  # prefix sharing (engine default: on)
+    kernels: str | None = engine_option()  # torch | triton (None = triton on CUDA, torch on CPU)
+    cuda_graphs: bool | None = engine_option()  # decode steps as CUDA graphs (None = on for CUDA + triton; 0 = off)
+    tensor_parallel_size: int | None = engine_option()  # GPUs (ranks) one worker shards its model over (1)
+    kv_cache_dtype: str | None = engine_option()  # auto (the model dtype) | int8 | fp8 (e4m3); None = auto
     # speculative decoding, vLLM's speculative_config as JSON (None/empty = off), e.g.
     # INFLIGHT_SPECULATIVE_CONFIG='{"method": "ngram", "num_speculative_tokens": 4}'; the
-    # engine checks the keys (engine/spec/config.py); `inflight worker --speculative-config` wins
-    speculative_config: str | None = None
+    # engine checks the keys (engine/spec/config.py)
+    speculative_config: str | None = engine_option()
     # --device cuda:auto: workers of one host claim distinct GPUs through lock files here
     gpu_lock_dir: Path | None = None  # None = <data_dir>/gpu-locks
 
@@ -170,6 +182,10 @@ class Settings(BaseSettings):
     api_max_upload_bytes: int = 200_000_000    # one uploaded batch file / message-batch body
     api_max_upload_lines: int = 50_000         # lines (requests) in one batch file
     api_max_line_bytes: int = 1_000_000        # one line of a batch file
+    # a file still `uploading` this long after its upload began was left by a writer that
+    # died (kill -9 mid-write): the API's sweep deletes it with its chunks (every half of
+    # this, at most every minute). Longer than any upload takes.
+    api_upload_grace_s: float = Field(default=3600.0, gt=0.0)
     api_key_cache_s: float = 2.0               # a verified key is re-checked for revocation this often
     api_wait_timeout_s: float = 600.0          # chat completions: wait this long for the final event
     # open streams per process (SSE, streamed and waiting chat/text completions), then 503:
@@ -180,11 +196,39 @@ class Settings(BaseSettings):
     # (a message batch's results_url); None = links relative to the API's root
     api_public_url: str | None = None
     api_publish_timeout_s: float = 10.0        # a submit waits this long for Kafka's ack (then 503)
+    # a request waiting in the queue: streams send a keep-alive (an SSE comment, Anthropic's
+    # `ping`) every this many seconds without an event, and a waiting (not streamed)
+    # completion that has no answer after this long starts its 200 and sends a space every
+    # as long, then its JSON (api_keepalive_waiting=False: not those); 0 = no keep-alive
+    api_keepalive_s: float = Field(default=15.0, ge=0.0)
+    api_keepalive_waiting: bool = True
 
     @field_validator("speculative_config")
     @classmethod
     def _speculative_json(cls, value: str | None) -> str | None:
         return speculative_json(value)
+
+    @classmethod
+    def engine_option_names(cls) -> list[str]:
+        """The fields that are EngineConfig fields (engine_option())."""
+        return [name for name, f in cls.model_fields.items()
+                if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get(ENGINE_OPTION)]
+
+    def engine_options(self) -> dict[str, Any]:
+        """{EngineConfig field: value} of the engine options that are set (not None)."""
+        return {name: getattr(self, name) for name in self.engine_option_names()
+                if getattr(self, name) is not None}
+
+    def updated(self, **changes: Any) -> "Settings":
+        """A validated copy with `changes` (a command's flags over INFLIGHT_*); a value that
+        does not fit its field is a ConfigError naming the field."""
+        try:
+            return type(self).model_validate({**self.model_dump(), **changes})
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            name = ".".join(str(p) for p in err["loc"]) or "settings"
+            raise ConfigError(f"{name}={changes.get(name, '')!r}: {err['msg']} "
+                              f"(INFLIGHT_{name.upper()} or its flag)") from None
 
     def kafka_common(self) -> dict[str, Any]:
         """kafka-python keyword arguments shared by producers, consumers and admin clients."""

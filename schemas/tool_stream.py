@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from inflight.schemas.tools import CALL_CLOSE, CALL_OPEN, tool_call_id
+from inflight.schemas.tools import CALL_CLOSE, CALL_OPEN, partial_tail, tool_call_id
 
 # a call's head, up to the first character of its arguments (so no whitespace is left over)
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
@@ -43,10 +43,14 @@ class ToolCallStream:
             if not step:
                 return out
 
-    def finish(self) -> list[dict[str, Any]]:
-        """The end of the answer: held-back text, as content (a call cut short stays as
-        far as it came)."""
+    def finish(self, cut: bool = False) -> list[dict[str, Any]]:
+        """The end of the answer: held-back text, as content. A call cut short stays as far
+        as it came (its deltas are out: OpenAI's and Anthropic's streams do the same); no
+        markup of it is sent as content. `cut` (the answer ended at max_tokens): a held
+        tail that could begin `<tool_call>` is dropped, as parse_tool_calls drops it."""
         out = self.feed("")
+        if self._state == _TEXT and cut:
+            self._buf = self._buf[:len(self._buf) - partial_tail(self._buf, CALL_OPEN)]
         if self._state == _TEXT and (self._buf.strip() or (self._buf and not self.calls)):
             out.append({"content": self._buf})
         self._buf = ""
@@ -63,7 +67,7 @@ class ToolCallStream:
             self._buf = buf[at + len(CALL_OPEN):]
             self._state = _HEADER
             return True
-        cut = len(buf) - _partial_tail(buf, CALL_OPEN)
+        cut = len(buf) - partial_tail(buf, CALL_OPEN)
         if buf[:cut].strip():
             out.append({"content": buf[:cut]})
             self._buf = buf[cut:]
@@ -122,11 +126,3 @@ class ToolCallStream:
             self._state = _TEXT
             return True
         return False
-
-
-def _partial_tail(text: str, marker: str) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0

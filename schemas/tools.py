@@ -141,29 +141,52 @@ _ARGS_KEY = re.compile(r'"arguments"\s*:\s*')
 _DECODER = json.JSONDecoder()
 
 
-def parse_tool_calls(text: str, request_id: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, calls) of an answer: the text outside the `<tool_call>` blocks (None when
-    there is none), and each well-formed call in OpenAI's shape (`arguments` is the JSON
-    text the model wrote). A block that does not parse stays in the content."""
+def parse_tool_calls(text: str, request_id: str, *,
+                     cut: bool = False) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, calls) of an answer to a request with tools: the text outside the
+    `<tool_call>` blocks, and each well-formed call in OpenAI's shape (`arguments` is the
+    JSON text the model wrote). A complete block (closing tag and all) that does not parse
+    stays in the content.
+
+    NOTE (no markup in the content): a call the answer did not finish -- a `<tool_call>`
+    without its closing tag that does not parse, at the end -- is dropped, and a call
+    whose closing tag was cut (`</tool_`) still counts. With `cut` (the answer ended at
+    max_tokens), a tail that could begin `<tool_call>` (`<tool_`) is dropped too, as the
+    streamed reader (schemas.tool_stream) holds it back. Content is None when it is empty
+    and something was taken out of it."""
     calls: list[dict[str, Any]] = []
     content: list[str] = []
-    pos = 0
+    pos, end = 0, len(text)
     for m in _CALL.finditer(text):
         if m.start() < pos:
             continue
         call = _read_call(text, m.end())
         if call is None:
+            if text.find(CALL_CLOSE, m.end()) < 0:  # unfinished: it runs to the end
+                end = m.start()
+                break
             continue
-        name, args, end = call
+        name, args, block_end = call
         content.append(text[pos:m.start()])
         calls.append({"id": tool_call_id(request_id, len(calls)), "type": "function",
                       "function": {"name": name, "arguments": args}})
-        pos = end
-    if not calls:
+        pos = block_end
+    if cut and end == len(text):
+        end -= partial_tail(text[pos:], CALL_OPEN)
+    if not calls and end == len(text):
         return text, []
-    content.append(text[pos:])
-    rest = "".join(content).strip()
+    content.append(text[pos:end])
+    rest = "".join(content)
+    rest = rest.strip() if calls else rest.rstrip()
     return rest or None, calls
+
+
+def partial_tail(text: str, marker: str) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
 
 
 def _read_call(text: str, at: int) -> tuple[str, str, int] | None:
@@ -183,11 +206,12 @@ def _read_call(text: str, at: int) -> tuple[str, str, int] | None:
         except ValueError:
             return None
     close = text.find(CALL_CLOSE, end)
-    if close < 0 or text[end:close].strip():
-        end_of_block = end  # no closing tag (cut short): the call still counts
-    else:
-        end_of_block = close + len(CALL_CLOSE)
-    return obj["name"], args, end_of_block
+    if close >= 0 and not text[end:close].strip():
+        return obj["name"], args, close + len(CALL_CLOSE)
+    rest = text[end:].lstrip()
+    if rest and CALL_CLOSE.startswith(rest):  # the closing tag was cut short
+        return obj["name"], args, len(text)
+    return obj["name"], args, end  # no closing tag: the call still counts
 
 
 def tools_system_prompt(tools: list[dict[str, Any]]) -> str:

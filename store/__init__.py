@@ -1,6 +1,11 @@
-"""The SQL store: tables, idempotent upserts and lookups. Imports only `schemas`."""
+"""The SQL store: tables, idempotent upserts and lookups. Imports only `schemas`.
 
-from inflight.store.migrate import upgrade
+`upgrade` (Alembic) loads on first use: a pipeline that only polls results never imports
+Alembic.
+"""
+
+from typing import Any
+
 from inflight.store.files import CHUNK_BYTES, FILE_PURPOSES, new_file_id
 from inflight.store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BATCH_STATUSES, CANCELLED,
                           CANCELLING, COMPLETED, EXPIRED, FAILED, FINAL_STATUSES, FINALIZING,
@@ -18,3 +23,11 @@ __all__ = ["Store", "upgrade", "normalize_url", "RequestRow", "BatchRow", "FileR
            "FINAL_STATUSES", "STATUS_RANK", "QUEUED", "RUNNING", "COMPLETED", "FAILED",
            "CANCELLED", "EXPIRED", "FINISH_TO_STATUS", "queued_row", "running_row", "final_row",
            "error_row", "stand_in_rows"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "upgrade":
+        from inflight.store.migrate import upgrade
+
+        return upgrade
+    raise AttributeError(f"module 'inflight.store' has no attribute {name!r}")

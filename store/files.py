@@ -8,6 +8,8 @@ reaches the database (a Celery worker on another host, the HTTP API, the CLI) re
 bytes too. Each chunk is written in its own short transaction (an upload never holds a
 long write lock on SQLite); the row is `uploading` until the last chunk is in, then
 `uploaded` with its size, line count and sha256. Readers see only `uploaded` files.
+A file still `uploading` long after it began was left by a writer that died (kill -9 of
+the API mid-write): `reclaim_uploads` deletes it with its chunks (the API's sweep).
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, tuple_, update
 
-from inflight.schemas.errors import NotFoundError
+from inflight.schemas.errors import NotFoundError, StoreError
 from inflight.store.models import (BATCH_FINAL_STATUSES, FILE_UPLOADED, FILE_UPLOADING, BatchRow,
                                    FileChunkRow, FileRow, utcnow)
 
@@ -30,6 +32,12 @@ FILE_PURPOSES = ("batch", "batch_output", "batch_errors")
 
 def new_file_id() -> str:
     return "file-" + uuid.uuid4().hex
+
+
+def _reclaimed(file_id: str) -> StoreError:
+    return StoreError(f"the upload of {file_id} ran past the grace period of abandoned uploads "
+                      "(INFLIGHT_API_UPLOAD_GRACE_S) and was reclaimed; upload the file again, "
+                      "or raise that setting")
 
 
 class FileQueries:
@@ -74,15 +82,46 @@ class FileQueries:
                     del buf[:CHUNK_BYTES]
             if buf:
                 flush(bytes(buf))
-        except BaseException:
+        except BaseException as exc:
             # the source failed (a broken upload, a writer that lost its batch): no half file
+            gone = isinstance(exc, StoreError) and not self._file_row(fid)
             self.delete_file(fid)
+            if gone:  # a chunk for a row the sweep took (Postgres: the foreign key says so)
+                raise _reclaimed(fid) from exc
             raise
         lines = newlines + (1 if size and last != b"\n" else 0)
         with self.session() as s:  # type: ignore[attr-defined]
-            s.execute(update(FileRow).where(FileRow.id == fid).values(
+            done = s.execute(update(FileRow).where(
+                FileRow.id == fid, FileRow.status == FILE_UPLOADING).values(
                 status=FILE_UPLOADED, bytes=size, line_count=lines, sha256=digest.hexdigest()))
+        if done.rowcount != 1:  # the sweep took it for a dead writer's (reclaim_uploads)
+            self.delete_file(fid)
+            raise _reclaimed(fid)
         return self.require_file(fid)
+
+    def _file_row(self, file_id: str) -> bool:
+        with self.session() as s:  # type: ignore[attr-defined]
+            return s.get(FileRow, file_id) is not None
+
+    def reclaim_uploads(self, grace_s: float) -> list[str]:
+        """Delete every file still `uploading` `grace_s` seconds after its upload began,
+        with its chunks: what a writer killed mid-upload left (no reader ever sees it).
+        Returns their ids. Safe beside live uploads younger than that, and in any number
+        of processes at once."""
+        cutoff = utcnow() - timedelta(seconds=grace_s)
+        with self.session() as s:  # type: ignore[attr-defined]
+            ids = list(s.scalars(select(FileRow.id).where(FileRow.status == FILE_UPLOADING,
+                                                          FileRow.created_at < cutoff)))
+        gone = []
+        for fid in ids:  # one short transaction each: a big file never holds a long lock
+            with self.session() as s:  # type: ignore[attr-defined]
+                # NOTE: the row first, and only while still `uploading`: a writer that
+                # finishes meanwhile keeps its file (its chunks are never taken from it)
+                if s.execute(delete(FileRow).where(FileRow.id == fid,
+                                                   FileRow.status == FILE_UPLOADING)).rowcount:
+                    s.execute(delete(FileChunkRow).where(FileChunkRow.file_id == fid))
+                    gone.append(fid)
+        return gone
 
     def get_file(self, file_id: str) -> FileRow | None:
         with self.session() as s:  # type: ignore[attr-defined]
@@ -96,22 +135,28 @@ class FileQueries:
         return row
 
     def list_files(self, *, owner: str | None = None, purpose: str | None = None,
-                   limit: int = 100, after: str | None = None) -> list[FileRow]:
-        """Newest first; page with `after=<last id of the previous page>` (OpenAI's
-        cursor). An `after` that names no file starts from the newest."""
+                   limit: int = 100, after: str | None = None,
+                   order: str = "desc") -> list[FileRow]:
+        """Newest first (`order="asc"`: oldest first); page with `after=<last id of the
+        previous page>` (OpenAI's cursor). An `after` that names no file starts from the
+        first."""
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order {order!r}: use 'asc' or 'desc'")
         q = select(FileRow).where(FileRow.status == FILE_UPLOADED)
         if owner is not None:
             q = q.where(FileRow.owner == owner)
         if purpose is not None:
             q = q.where(FileRow.purpose == purpose)
+        key = tuple_(FileRow.created_at, FileRow.id)
         with self.session() as s:  # type: ignore[attr-defined]
             if after is not None:
                 cursor = s.get(FileRow, after)
                 if cursor is not None:
-                    q = q.where(tuple_(FileRow.created_at, FileRow.id)
-                                < tuple_(cursor.created_at, cursor.id))
-            return list(s.scalars(q.order_by(FileRow.created_at.desc(), FileRow.id.desc())
-                                  .limit(limit)).all())
+                    at = tuple_(cursor.created_at, cursor.id)
+                    q = q.where(key < at if order == "desc" else key > at)
+            by = ((FileRow.created_at.desc(), FileRow.id.desc()) if order == "desc"
+                  else (FileRow.created_at.asc(), FileRow.id.asc()))
+            return list(s.scalars(q.order_by(*by).limit(limit)).all())
 
     def iter_file(self, file_id: str) -> Iterator[bytes]:
         """The file's content, one stored chunk (<= CHUNK_BYTES) at a time."""

@@ -7,12 +7,17 @@ package folder, so it works from a wheel and from any working directory.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
+# NOTE: Alembic logs each of its autogenerate plugins at INFO when it is first imported
+# (seven lines in every service's start-up): not news to anyone running a migration
+logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+
+from alembic import command  # noqa: E402 - after the logger above
+from alembic.config import Config  # noqa: E402
+from alembic.runtime.migration import MigrationContext  # noqa: E402
+from alembic.script import ScriptDirectory  # noqa: E402
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -39,18 +44,26 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database at `url` up to `revision` (creates the tables on an empty one)."""
+def upgrade(url: str, revision: str = "head", *, quiet: bool = False) -> None:
+    """Bring the database at `url` up to `revision` (creates the tables on an empty one).
+    `quiet`: Alembic logs warnings only (a service migrating its embedded SQLite on start
+    says what it serves in one line, not a dozen of Alembic's)."""
     sqlite_file = make_url(normalize_url(url))
     if sqlite_file.get_backend_name() == "sqlite" and sqlite_file.database not in (None, "", ":memory:"):
         # the embedded default lives under the user's data dir, which may not exist yet
         Path(sqlite_file.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    if quiet:
+        alembic_log.setLevel(max(level, logging.WARNING))
     try:
         command.upgrade(alembic_config(url), revision)
     except (OperationalError, DBAPIError) as e:
         raise StoreError(f"migrating {redact(url)} failed: {e.orig or e}. Check "
                          "INFLIGHT_DATABASE_URL and that the server is up, then run "
                          "`inflight db upgrade` again.") from e
+    finally:
+        alembic_log.setLevel(level)
 
 
 def downgrade(url: str, revision: str = "base") -> None:

@@ -146,7 +146,7 @@ class Store(BatchQueries, FileQueries):
         self._pg_upsert: Any = None
         if create:
             from inflight.store.migrate import upgrade
-            upgrade(self.url)
+            upgrade(self.url, quiet=True)
 
     @classmethod
     def embedded(cls, url: str, *, pre_ping: bool = True) -> "Store":

@@ -9,7 +9,7 @@ from kafka import TopicPartition
 
 def read_topic(settings, topic: str, n: int, timeout: float = 10.0) -> list:
     """Up to `n` records of `topic` (all partitions), waiting at most `timeout` seconds."""
-    from inflight.schemas.kafka_clients import partitions_of, plain_consumer
+    from inflight.transport.kafka_clients import partitions_of, plain_consumer
 
     c = plain_consumer(settings)
     try:

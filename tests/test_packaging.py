@@ -1,19 +1,18 @@
-"""The distribution installs one top-level package, `inflight`, and its engine stands alone.
+"""What each part of the package imports: the engine stands alone, the wire imports no torch,
+a pipeline's client loads no Celery or Alembic.
 
 `inflight.engine` and `inflight.kernels` import none of the service libraries, and the wire
 (`inflight.schemas`) imports no torch: each is checked in a fresh interpreter, so nothing
-another test imported first can hide a dependency.
+another test imported first can hide a dependency. (The built wheel and its installs:
+tests/test_wheel.py.)
 """
 
 from __future__ import annotations
 
 import pathlib
-import shutil
 import subprocess
 import sys
-import zipfile
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 SERVICE_LIBS = ("pydantic", "pydantic_settings", "kafka", "confluent_kafka", "sqlalchemy",
                 "fastapi", "celery", "orjson", "alembic", "uvicorn")
 
@@ -41,25 +40,15 @@ for pkg in (inflight.engine, inflight.kernels):
 
 
 def test_the_wire_imports_no_torch():
-    loaded = _loaded_after("import inflight.schemas, inflight.schemas.kafka_clients")
+    loaded = _loaded_after("import inflight.schemas, inflight.transport.kafka_clients")
     assert "pydantic" in loaded and "torch" not in loaded
 
 
-def test_the_wheel_holds_one_top_level_package(tmp_path):
-    # built from a copy: setuptools keeps a build/ folder in the source tree, whose stale
-    # files would land in the wheel and in later builds
-    src = tmp_path / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis",
-        "control", ".whl", ".gpu", "out"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "-w", str(tmp_path), str(src)],
-                   check=True, capture_output=True, cwd=tmp_path)
-    (wheel,) = tmp_path.glob("inflight-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert top == {"inflight"}, sorted(top)
-    for sub in ("engine", "kernels", "schemas", "store", "consumers", "producers", "api",
-                "migrations", "cli"):
-        assert f"inflight/{sub}/__init__.py" in names, sub
-    assert "inflight/migrations/alembic.ini" in names and "inflight/migrations/script.py.mako" in names
+def test_a_pipeline_client_loads_no_batch_jobs_or_migrations():
+    """`import inflight.producers` (Client: submit, stream, wait, poll, cancel) loads neither
+    Celery nor Alembic, nor anything of the worker or the HTTP API; a batch call or a
+    migration loads them when it runs."""
+    loaded = _loaded_after("import inflight.producers, inflight.store\n"
+                           "from inflight.producers import Client\nClient()")
+    assert "pydantic" in loaded and "sqlalchemy" in loaded
+    assert not loaded & {"celery", "kombu", "alembic", "torch", "fastapi", "uvicorn"}, sorted(loaded)

@@ -191,11 +191,14 @@ def finish_of(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def completion(request_id: str, model: str, final: Any) -> dict[str, Any]:
+def completion(request_id: str, model: str, final: Any, tools: bool = False) -> dict[str, Any]:
+    """The chat.completion of a final event; `tools`: the request could call tools."""
     message: dict[str, Any] = {"role": "assistant", "content": final.text, "refusal": None}
     finish = finish_of(final.finish_reason)
-    if final.tool_calls:  # the text outside the calls is the content (None when empty)
-        message["content"] = parse_tool_calls(final.text, request_id)[0]
+    if tools or final.tool_calls:  # the text outside the calls (None when empty), no
+        # markup of a call cut by max_tokens (schemas.tools.parse_tool_calls)
+        message["content"] = parse_tool_calls(final.text, request_id, cut=finish == "length")[0]
+    if final.tool_calls:
         message["tool_calls"] = [c.model_dump(mode="json") for c in final.tool_calls]
         finish = "tool_calls" if finish == "stop" else finish  # cut short: "length"
     return {"id": f"chatcmpl-{request_id}", "object": "chat.completion",

@@ -42,6 +42,7 @@ _COMMON = {400: "invalid request (the message names the parameter)",
 OPENAI_ERRORS = _responses(ErrorBody, _COMMON)
 ANTHROPIC_ERRORS = _responses(AnthropicErrorBody, _COMMON)
 SUBMIT_ERRORS = _responses(ErrorBody, {409: "request_id taken by another key"})
-WAIT_ERRORS = _responses(ErrorBody, {409: "the request was cancelled or expired",
-                                     500: "the worker failed the request",
-                                     504: "no final event in time"})
+_WAIT = {409: "the request was cancelled or expired", 500: "the worker failed the request",
+         504: "no final event in time"}
+WAIT_ERRORS = _responses(ErrorBody, _WAIT)
+ANTHROPIC_WAIT_ERRORS = _responses(AnthropicErrorBody, _WAIT)

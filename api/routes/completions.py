@@ -1,8 +1,10 @@
 """POST /v1/completions (OpenAI's legacy text API) through the queue, as a chat completion
 goes (api/routes/chat.py): filed, published at interactive priority, answered from its
-events -- one `text_completion` object, or `stream: true` for `text_completion` chunks
-and `[DONE]`. The prompt is a string or token ids; `echo` and `logprobs` (the legacy
-object, of the prompt too with echo) are what evaluation harnesses use to score text.
+events (api/follow.py) -- one `text_completion` object, or `stream: true` for
+`text_completion` chunks and `[DONE]` (an SSE comment at once and every
+INFLIGHT_API_KEEPALIVE_S while the request waits). The prompt is a string or token ids;
+`echo` and `logprobs` (the legacy object, of the prompt too with echo) are what
+evaluation harnesses use to score text.
 """
 
 from __future__ import annotations
@@ -19,19 +21,21 @@ from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx
 from inflight.api.models.completions import Completion, CompletionRequest, chunk, completion
 from inflight.api.models.errors import OPENAI_ERRORS, WAIT_ERRORS
-from inflight.api.responses import json_response
-from inflight.api.routes.chat import (SentText, _timeout, cancel_quietly, error_status,
-                                      submit_and_follow)
+from inflight.api.follow import (RESTARTED, SentText, answer_when_final, cancel_quietly,
+                                 error_status, submit, timeout_error)
 from inflight.api.routing import ApiRoute
 from inflight.api.sse import sse
-from inflight.api.streams import ApiStream, StreamResponse
+from inflight.api.streams import SSE_KEEPALIVE, ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
 from inflight.schemas import ErrorEvent, FinalEvent, TokenEvent
 
 router = APIRouter(route_class=ApiRoute, tags=["completions"], responses=OPENAI_ERRORS)
 
 
-@router.post("/v1/completions", response_model=Completion,
+PATH = "/v1/completions"
+
+
+@router.post(PATH, response_model=Completion,
              responses={200: {"content": {"text/event-stream": {}},
                               "description": "with stream=true: text_completion chunks"},
                         **WAIT_ERRORS},
@@ -40,16 +44,17 @@ async def completions(body: CompletionRequest, ctx: Ctx, caller: Caller) -> Any:
     model = ctx.models.resolve(body.model).id
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars, ctx.settings.kafka_max_message_bytes)
-    stream, event = await submit_and_follow(ctx, req, caller.owner, "completions", to_final=not body.stream)
+    stream = await submit(ctx, req, caller.owner, "completions")
     if not body.stream:
-        return json_response(completion(rid, model, body, event))
+        return await answer_when_final(ctx, stream,
+                                       lambda final: completion(rid, model, body, final), PATH)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     echo = body.prompt_text if body.echo else None
-    return StreamResponse(_chunks(ctx, rid, model, event, stream, include_usage, echo), stream,
+    return StreamResponse(_chunks(ctx, rid, model, stream, include_usage, echo), stream,
                           on_unfinished=lambda: cancel_quietly(ctx, rid))
 
 
-async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any, stream: ApiStream,
+async def _chunks(ctx: ApiContext, rid: str, model: str, stream: ApiStream,
                   include_usage: bool, echo: str | None) -> AsyncIterator[bytes]:
     created = int(time.time())
 
@@ -63,15 +68,20 @@ async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any, stream: Api
                                                  "param": param, "code": code}}))
 
     sent = SentText()
-    if echo:
-        yield data(echo)
-    event = first
+    yield data(echo) if echo else SSE_KEEPALIVE  # a first byte at once: accepted
     while True:
-        if isinstance(event, TokenEvent):
+        try:
+            event = await stream.next_or_idle()
+        except RequestNotFound as exc:
+            err = timeout_error(ctx, exc)
+            yield error(err.message, "timeout_error", err.code)
+            break
+        if event is None:
+            yield SSE_KEEPALIVE
+        elif isinstance(event, TokenEvent):
             delta = sent.feed(event)
             if delta is None:
-                yield error("the request was redone on another worker and wrote a "
-                            "different text; retry it", "server_error", "restarted")
+                yield error(RESTARTED, "server_error", "restarted")
                 break
             if delta:
                 yield data(delta)
@@ -86,11 +96,5 @@ async def _chunks(ctx: ApiContext, rid: str, model: str, first: Any, stream: Api
             err = error_status(event)
             yield error(err.message, "server_error" if err.status >= 500
                         else "invalid_request_error", err.code, err.param)
-            break
-        try:
-            event = await stream.next()
-        except RequestNotFound as exc:
-            err = _timeout(ctx, exc)
-            yield error(err.message, "timeout_error", err.code)
             break
     yield b"data: [DONE]\n\n"

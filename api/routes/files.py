@@ -1,7 +1,7 @@
 """OpenAI Files: upload a batch input, read a file's metadata and content, list files.
 
     POST /v1/files                (multipart: file, purpose=batch)  -> File object
-    GET  /v1/files[?purpose=&limit=&after=]                         -> list (cursor paging)
+    GET  /v1/files[?purpose=&limit=&after=&order=]                  -> list (cursor paging)
     GET  /v1/files/{file_id}                                        -> File object
     DELETE /v1/files/{file_id}                                      -> {id, deleted: true}
     GET  /v1/files/{file_id}/content                                -> the bytes (JSONL)
@@ -74,12 +74,13 @@ async def owned_file(ctx: ApiContext, caller: Caller, file_id: str):
     return row
 
 
-@router.get("", response_model=FileList, summary="List your files, newest first")
+@router.get("", response_model=FileList,
+            summary="List your files, newest first (order=asc: oldest first)")
 async def list_files(ctx: Ctx, caller: Caller,
                      purpose: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_.\-]{1,32}$")] = None,
                      limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
                      after: Annotated[str | None, Query(max_length=128)] = None,
-                     order: Annotated[Literal["desc"], Query()] = "desc") -> Response:
+                     order: Annotated[Literal["asc", "desc"], Query()] = "desc") -> Response:
     # NOTE: OpenAI's default page is 10,000: the SDK's `for f in files.list(): delete(f)`
     # then reads one page, and never pages from a cursor it has just deleted
     if after is not None:
@@ -90,7 +91,8 @@ async def list_files(ctx: Ctx, caller: Caller,
                                 "never yours); list again without `after`", param="after",
                            code="not_found") from None
     rows = await ctx.db(lambda: ctx.store.list_files(owner=caller.owner, purpose=purpose,
-                                                     limit=limit + 1, after=after))
+                                                     limit=limit + 1, after=after,
+                                                     order=order))
     page = [file_object(r) for r in rows[:limit]]
     return json_response({"object": "list", "data": page,
                           "first_id": page[0]["id"] if page else None,

@@ -1,4 +1,4 @@
-"""OpenAI Models: what this API serves (api/served.py).
+"""OpenAI Models: what this API serves (api/served_models.py).
 
     GET /v1/models              -> {"object": "list", "data": [Model, ...]}
     GET /v1/models/{model_id}   -> Model (`default` names the served one); 404 otherwise
@@ -19,7 +19,7 @@ from inflight.api.deps import Caller, Ctx
 from inflight.api.models.errors import OPENAI_ERRORS
 from inflight.api.responses import json_response
 from inflight.api.routing import ApiRoute
-from inflight.api.served import model_not_found
+from inflight.api.served_models import model_not_found
 
 router = APIRouter(route_class=ApiRoute, prefix="/v1/models", tags=["models"],
                    responses=OPENAI_ERRORS)

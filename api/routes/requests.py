@@ -30,12 +30,12 @@ from inflight.api.models.requests import RequestObject, SubmitRequest, queued_ob
 from inflight.api.responses import json_response
 from inflight.api.routing import ApiRoute
 from inflight.api.sse import sse, stored_events
-from inflight.api.streams import SSE_HEADERS, ApiStream, StreamResponse
+from inflight.api.streams import SSE_HEADERS, SSE_KEEPALIVE, ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
-from inflight.producers.client import STREAM_CLOCK_SLACK_S, STREAM_LOOKBACK_S
+from inflight.producers.requests_client import STREAM_CLOCK_SLACK_S, STREAM_LOOKBACK_S
 from inflight.schemas.errors import InflightError
 from inflight.store import FINAL_STATUSES, queued_row
-from inflight.store.owned import release_request
+from inflight.store.owner_queries import release_request
 
 router = APIRouter(route_class=ApiRoute, prefix="/v1/requests", tags=["requests"],
                    responses=OPENAI_ERRORS)
@@ -127,9 +127,13 @@ async def _stored(events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
 
 async def _events(stream: ApiStream) -> AsyncIterator[bytes]:
     request_id = stream.request_id
+    yield SSE_KEEPALIVE  # a first byte at once; another every INFLIGHT_API_KEEPALIVE_S idle
     try:
         while not stream.finished:
-            event = await stream.next()
+            event = await stream.next_or_idle()
+            if event is None:
+                yield SSE_KEEPALIVE
+                continue
             yield sse(event.type, orjson.dumps(event.model_dump(mode="json")))
     except RequestNotFound as exc:
         yield sse("error", orjson.dumps({"type": "error", "request_id": request_id,

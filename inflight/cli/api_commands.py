@@ -67,9 +67,10 @@ def register(sub: Any) -> None:
     a.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     a.add_argument("--access-log", action="store_true", help="log every request (off: counters "
                    "at /metrics and a summary line every INFLIGHT_METRICS_INTERVAL_S)")
-    a.set_defaults(func=cmd_api)
+    a.set_defaults(func=cmd_api, extra="api")
 
     k = sub.add_parser("keys", help="API keys of the HTTP API")
+    k.set_defaults(extra="api")
     ksub = k.add_subparsers(dest="keys_cmd", required=True)
     kc = ksub.add_parser("create", help="create a key (printed once) named NAME")
     kc.add_argument("name")

@@ -208,7 +208,7 @@ def register(sub: Any) -> None:
     c.add_argument("--progress", action="store_true", help="progress bars even without a terminal")
     c.add_argument("--timeout", type=float, default=3600.0)
     c.add_argument("--json", action="store_true")
-    c.set_defaults(func=cmd_create)
+    c.set_defaults(func=cmd_create, extra="jobs")
 
     s = bsub.add_parser("status", help="a batch's status, counts and files")
     s.add_argument("id")
@@ -239,7 +239,7 @@ def register(sub: Any) -> None:
     j.add_argument("--pool", default="threads", help="threads | prefork | solo")
     j.add_argument("--no-beat", action="store_true", help="no sweep schedule in this worker")
     j.add_argument("--model", default=None, help="model folder (its config.json gives the context length)")
-    j.set_defaults(func=cmd_jobs)
+    j.set_defaults(func=cmd_jobs, extra="jobs")
 
 
 __all__ = ["register"]

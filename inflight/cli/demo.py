@@ -47,7 +47,8 @@ def run(args: Any, settings: Settings) -> int:
     logging.getLogger("inflight").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     from inflight.consumers.recorder import Recorder
-    from inflight.consumers.worker import Worker, build_engine
+    from inflight.consumers.engine_bridge import build_engine
+    from inflight.consumers.worker import Worker
     from inflight.cli.broker import EmbeddedBroker
     from inflight.cli.topics import create_topics
     from inflight.producers.batch_tasks import make_worker, worker_app
@@ -69,7 +70,8 @@ def run(args: Any, settings: Settings) -> int:
         data_dir = Path(tmp.name)
     db_url = f"sqlite:///{data_dir / 'inflight.db'}"
     say("[1/5] loading the model ...")
-    engine = build_engine(settings, args.model, max_num_seqs=16, kv_cache_mb=128)
+    engine = build_engine(settings.updated(model_path=args.model or settings.model_path,
+                                           max_num_seqs=16, kv_cache_bytes=128 << 20))
     say(f"      {engine.config.model}")
     with EmbeddedBroker(log_path=data_dir / "tansu.log") as broker:
         s = settings.model_copy(update={

@@ -7,6 +7,7 @@ and dispatches. Output is for people by default and JSON with --json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
@@ -14,7 +15,7 @@ import time
 
 from inflight.cli import cli_io
 from inflight.engine.bundled_models import BUNDLED
-from inflight.schemas.errors import ConfigError, InflightError
+from inflight.schemas.errors import ConfigError, InflightError, needs_extra
 from inflight.schemas.settings import Settings
 
 
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--s3-endpoint", default=None,
                    help="an S3-compatible server, e.g. http://127.0.0.1:9000 (MinIO, moto_server)")
     b.add_argument("--json", action="store_true")
-    b.set_defaults(func=cmd_broker)
+    b.set_defaults(func=cmd_broker, extra="worker")
 
     t = sub.add_parser("topics", help="manage topics")
     tsub = t.add_subparsers(dest="topics_cmd", required=True)
@@ -147,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     mf.add_argument("--name", default=None, choices=sorted(BUNDLED),
                     help="a bundled model other than the default smollm2-135m (gemma3-270m)")
     mf.add_argument("--json", action="store_true")
-    mf.set_defaults(func=cmd_model)
+    mf.set_defaults(func=cmd_model, extra="worker")
 
     qz = sub.add_parser("quantize", help="write a weight-only quantized copy of a model folder (w8 / w4)")
     qz.add_argument("model", nargs="?", default=None,
@@ -163,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     qz.add_argument("--samples", type=int, default=None, help="gptq: calibration windows (256)")
     qz.add_argument("--seq-len", type=int, default=None, help="gptq: tokens per calibration window (128)")
     qz.add_argument("--json", action="store_true")
-    qz.set_defaults(func=cmd_quantize)
+    qz.set_defaults(func=cmd_quantize, extra="worker")
 
     from inflight.cli import commands  # service subcommands: submit, result, stream, worker, recorder, demo
 
@@ -177,13 +178,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _command(args: argparse.Namespace) -> str:
+    """`inflight batch create`, `inflight worker`, ...: the command as typed."""
+    sub = getattr(args, f"{args.cmd}_cmd", None)
+    return " ".join(["inflight", args.cmd] + ([sub] if sub else []))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    # a command that needs an extra (set_defaults(extra=...)) and misses a module of it says
+    # which extra to install (MissingExtraError, exit 2); the base install runs the rest
+    extra = getattr(args, "extra", None)
     try:
-        return args.func(args, Settings()) or 0
+        with needs_extra(extra, _command(args)) if extra else contextlib.nullcontext():
+            return args.func(args, Settings()) or 0
     except InflightError as exc:
         print(f"inflight: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

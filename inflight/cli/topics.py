@@ -6,7 +6,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from inflight.schemas.errors import BrokerError
-from inflight.schemas.kafka_clients import connect
+from inflight.transport.kafka_clients import connect
 from inflight.schemas.settings import Settings
 
 

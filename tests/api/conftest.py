@@ -106,3 +106,29 @@ def bare(broker, tmp_path_factory):
                              api_max_line_bytes=2_000)
     with ApiServer(settings) as api:
         yield Stack(settings, api, None, Path())
+
+
+KEEPALIVE_S = 1.0
+SLOTS = 8
+
+
+@pytest.fixture(scope="session")
+def queued(broker, tmp_path_factory):
+    """API + worker + recorder (SQLite) where requests wait in the queue: a worker of
+    SLOTS sequences, a keep-alive every KEEPALIVE_S, and a tiny random Llama with a 2,048
+    token context (room for the tool and schema prompts instructor writes)."""
+    from tests.tiny_llama import write_tiny_llama
+
+    tmp = tmp_path_factory.mktemp("api-queued")
+    model = write_tiny_llama(tmp / "tiny-2k", max_position_embeddings=2048)
+    database = migrated(f"sqlite:///{tmp / 'inflight.db'}")
+    settings = make_settings(broker, database, api_key_cache_s=0.0, api_wait_timeout_s=300.0,
+                             api_keepalive_s=KEEPALIVE_S, data_dir=tmp / "data",
+                             cache_dir=tmp / "cache", model_path=str(model),
+                             served_model_name="tiny")
+    service = Service(settings, tiny_engine(model, max_num_seqs=SLOTS, num_kv_blocks=1024))
+    try:
+        with ApiServer(settings) as api:
+            yield Stack(settings, api, service, model)
+    finally:
+        service.stop()

@@ -20,10 +20,10 @@ import orjson
 import pytest
 from sqlalchemy import select
 
-from inflight.api.routes.chat import SentText
+from inflight.api.follow import SentText
 from inflight.schemas import FinalEvent, TokenEvent
 from inflight.schemas.codec import encode
-from inflight.schemas.kafka_clients import producer
+from inflight.transport.kafka_clients import producer
 from inflight.store.models import RequestRow
 from tests.api.test_requests import sse_events, streamed_text
 

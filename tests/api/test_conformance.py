@@ -97,6 +97,18 @@ def test_file_pages_end_and_deleted_files_go(bare):
     assert page.has_more and [f.id for f in page.data] == newest_first[:2]
     assert [f.id for f in client.files.list(limit=2)] == newest_first  # auto-paging ends
     assert [f.id for f in client.files.list(limit=2, after=newest_first[3]).data] == newest_first[4:]
+    # order="asc": oldest first, the same cursor paging the other way
+    oldest_first = [f.id for f in made]
+    assert [f.id for f in client.files.list(order="asc")] == oldest_first
+    page = client.files.list(order="asc", limit=2)
+    assert page.has_more and [f.id for f in page.data] == oldest_first[:2]
+    assert [f.id for f in client.files.list(order="asc", limit=2)] == oldest_first  # pages
+    assert [f.id for f in client.files.list(order="asc", limit=2,
+                                            after=oldest_first[2]).data] == oldest_first[3:]
+    assert [f.id for f in client.files.list(order="desc", limit=5)] == newest_first
+    with pytest.raises(openai.BadRequestError) as err:
+        client.files.list(order="sideways")
+    assert err.value.param == "order"
     gone = client.files.delete(made[0].id)
     assert (gone.id, gone.deleted) == (made[0].id, True)
     with pytest.raises(openai.NotFoundError):

@@ -12,7 +12,7 @@ from inflight.api.metrics import ApiMetrics
 from inflight.schemas import FinalEvent, InferenceRequest
 from inflight.schemas.errors import StoreError
 from inflight.store import Store, final_row, queued_row
-from inflight.store.owned import claim_request
+from tests.store.owner_rows import claim_request
 
 
 async def on_thread(fn, *args):

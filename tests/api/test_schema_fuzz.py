@@ -51,7 +51,7 @@ def test_every_operation_keeps_its_schema_and_never_5xx(stack, mode):
         ran.append(operation.label)
     assert "POST /v1/chat/completions" in ran and "GET /v1/requests/{request_id}" in ran
     assert {"POST /v1/completions", "GET /v1/models/{model_id}", "DELETE /v1/files/{file_id}",
-            "GET /v1/files"} <= set(ran), ran
+            "GET /v1/files", "POST /v1/messages", "POST /v1/messages/count_tokens"} <= set(ran), ran
     if mode is GenerationMode.POSITIVE:  # valid input reached the real work, not only errors
         assert statuses[("POST /v1/requests", 202)] and statuses[("POST /v1/chat/completions", 200)], statuses
     else:

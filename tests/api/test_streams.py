@@ -23,6 +23,7 @@ from inflight.schemas.codec import encode
 from tests.api.server import ApiServer
 from tests.api.test_chat_stream_text import FakeWorkers, filed_request, reader, take
 from tests.consumers.conftest import read_topic
+from tests.producers.reader_state import followed
 
 pytestmark = [pytest.mark.broker]
 
@@ -40,10 +41,10 @@ def settled(ctx, timeout: float = 30.0) -> tuple[int, int]:
     """(open streams, follows) once both are 0, or at the timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if ctx.metrics.open_streams == 0 and ctx.streams.reader.followed == 0:
+        if ctx.metrics.open_streams == 0 and followed(ctx.streams.reader) == 0:
             break
         time.sleep(0.05)
-    return ctx.metrics.open_streams, ctx.streams.reader.followed
+    return ctx.metrics.open_streams, followed(ctx.streams.reader)
 
 
 async def _sse(http: httpx.AsyncClient, rid: str, mode: str, opened: asyncio.Event,

@@ -213,7 +213,7 @@ def test_an_anthropic_message_batch_with_tools(stack):
 
 def test_client_submit_and_a_raw_kafka_request(stack):
     from inflight.producers import Client
-    from inflight.producers.client import _request
+    from inflight.producers.requests_client import build_request as _request
 
     client = Client(stack.settings, store=stack.store)
     try:

@@ -86,7 +86,7 @@ def read_topic(settings: Settings, topic: str, *, until=None, timeout: float = 1
     """Every record of `topic` from the beginning (stops when `until(records)` or timeout)."""
     from kafka import TopicPartition
 
-    from inflight.schemas.kafka_clients import partitions_of, plain_consumer
+    from inflight.transport.kafka_clients import partitions_of, plain_consumer
 
     consumer = plain_consumer(settings)
     try:

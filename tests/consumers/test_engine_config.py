@@ -1,79 +1,108 @@
-"""Engine knobs from INFLIGHT_* (Settings) into EngineConfig; `--device cuda:auto` claims;
-the engine thread binds the engine's device."""
+"""Engine options: INFLIGHT_* and `inflight worker` flags set one Settings object, and
+consumers.engine_bridge.engine_config makes the one EngineConfig of it; `--device cuda:auto`
+claims; the engine thread binds the engine's device."""
 
 from __future__ import annotations
 
+import dataclasses
 import queue
+import re
 import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
-from inflight.consumers.engine_bridge import ENGINE_SETTINGS, build_engine, engine_overrides
-from inflight.consumers.handoff import Slots
+from inflight.cli.commands import with_flags
+from inflight.cli.main import build_parser
+from inflight.consumers.engine_bridge import build_engine, engine_config
+from inflight.consumers.thread_messages import Slots
 from inflight.consumers.gpu_claim import claim_gpu
 from inflight.schemas import Settings
 from inflight.schemas.errors import ConfigError
 
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
-def test_every_engine_knob_comes_from_the_environment(monkeypatch):
+
+def _worker_flags(*argv: str, settings: Settings | None = None) -> Settings:
+    return with_flags(build_parser().parse_args(["worker", *argv]), settings or Settings())
+
+
+def test_every_engine_option_is_one_settings_field_one_flag_one_docs_row():
+    """What adding an engine option takes: the EngineConfig field, the Settings field of the
+    same name (engine_option()), a worker flag whose dest is that name, a docs row. Nothing
+    else names it: engine_config passes every engine option on."""
     from inflight.engine import EngineConfig
 
-    env = {"INFLIGHT_DEVICE": "cuda", "INFLIGHT_DTYPE": "bfloat16", "INFLIGHT_MAX_NUM_SEQS": "128",
+    names = Settings.engine_option_names()
+    assert "kv_cache_dtype" in names and "speculative_config" in names
+    assert set(names) <= {f.name for f in dataclasses.fields(EngineConfig)}
+    flags = set(vars(build_parser().parse_args(["worker"])))  # the dests of its flags
+    assert set(names) <= flags, sorted(set(names) - flags)
+    documented = set(re.findall(r"`INFLIGHT_([A-Z0-9_]+)`", DOCS.read_text()))
+    assert {n.upper() for n in names} <= documented
+
+
+def test_every_engine_option_comes_from_the_environment(monkeypatch, tiny_model):
+    env = {"INFLIGHT_DEVICE": "cpu", "INFLIGHT_DTYPE": "bfloat16", "INFLIGHT_MAX_NUM_SEQS": "128",
            "INFLIGHT_MAX_NUM_BATCHED_TOKENS": "4096", "INFLIGHT_MAX_MODEL_LEN": "1024",
            "INFLIGHT_KV_CACHE_BYTES": str(3 << 30), "INFLIGHT_BLOCK_SIZE": "32",
-           "INFLIGHT_ENABLE_PREFIX_CACHING": "false", "INFLIGHT_KERNELS": "triton"}
+           "INFLIGHT_ENABLE_PREFIX_CACHING": "false", "INFLIGHT_KERNELS": "triton",
+           "INFLIGHT_CUDA_GRAPHS": "0", "INFLIGHT_KV_CACHE_DTYPE": "int8",
+           "INFLIGHT_KV_CACHE_MEMORY_FRACTION": "0.5", "INFLIGHT_MODEL_PATH": str(tiny_model)}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    kw = engine_overrides(Settings())
-    cfg = EngineConfig(model="unused", **kw)  # every key is a real EngineConfig field
+    cfg = engine_config(Settings())
     assert (cfg.device, cfg.dtype, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len,
-            cfg.kv_cache_bytes, cfg.block_size, cfg.enable_prefix_caching, cfg.kernels) == (
-        "cuda", "bfloat16", 128, 4096, 1024, 3 << 30, 32, False, "triton")
-    assert set(ENGINE_SETTINGS) <= set(EngineConfig.__dataclass_fields__)
+            cfg.kv_cache_bytes, cfg.block_size, cfg.enable_prefix_caching, cfg.kernels,
+            cfg.cuda_graphs, cfg.kv_cache_dtype, cfg.kv_cache_memory_fraction) == (
+        "cpu", "bfloat16", 128, 4096, 1024, 3 << 30, 32, False, "triton", False, "int8", 0.5)
+    assert cfg.model == str(tiny_model)
 
 
-def test_defaults_and_flag_precedence():
-    s = Settings(worker_max_inflight=48)
-    # everything else: the engine defaults
-    assert engine_overrides(s) == {"max_num_seqs": 48, "enable_prefix_caching": True}
-    s = Settings(device="cpu", dtype="float32", kv_cache_bytes=1 << 20, max_num_seqs=8)
-    kw = engine_overrides(s, device="cuda", dtype="float16", kv_cache_mb=64, max_num_seqs=4)
-    assert kw["device"] == "cuda" and kw["dtype"] == "float16"
-    assert kw["kv_cache_bytes"] == 64 << 20 and kw["max_num_seqs"] == 4
+def test_defaults_and_flag_precedence(tiny_model):
+    s = Settings(worker_max_inflight=48, model_path=str(tiny_model))
+    cfg, default = engine_config(s), engine_config(Settings(model_path=str(tiny_model),
+                                                            max_num_seqs=48))
+    assert cfg == default and cfg.max_num_seqs == 48  # the rest: the engine's own defaults
+    s = Settings(device="cpu", dtype="float32", kv_cache_bytes=1 << 20, max_num_seqs=8,
+                 model_path=str(tiny_model))
+    cfg = engine_config(_worker_flags("--dtype", "float16", "--kv-cache-mb", "64",
+                                      "--max-num-seqs", "4", "--max-inflight", "9", settings=s))
+    assert (cfg.device, cfg.dtype, cfg.kv_cache_bytes, cfg.max_num_seqs) == (
+        "cpu", "float16", 64 << 20, 4)
+    with pytest.raises(ConfigError, match="max_num_seqs='x'.*INFLIGHT_MAX_NUM_SEQS"):
+        _worker_flags("--max-num-seqs", "x")
 
 
 def test_build_engine_uses_settings(tiny_model):
     s = Settings(block_size=8, max_num_batched_tokens=64, enable_prefix_caching=False,
-                 kv_cache_bytes=1 << 20)
-    engine = build_engine(s, str(tiny_model))
+                 kv_cache_bytes=1 << 20, model_path=str(tiny_model))
+    engine = build_engine(s)
     assert (engine.config.block_size, engine.config.max_num_batched_tokens) == (8, 64)
     assert engine.config.enable_prefix_caching is False and engine.config.kv_cache_bytes == 1 << 20
 
 
 def test_speculative_config_from_the_environment_the_cli_and_compose(monkeypatch, tiny_model):
-    from inflight.cli.commands import _overrides
     from inflight.engine import EngineConfig
-    from inflight.cli.main import build_parser
     from tests.deploy.files import COMPOSE, load_compose
 
     monkeypatch.setenv("INFLIGHT_SPECULATIVE_CONFIG", '{"method": "ngram", "num_speculative_tokens": 3}')
-    engine = build_engine(Settings(kv_cache_bytes=1 << 20), str(tiny_model))
+    engine = build_engine(Settings(kv_cache_bytes=1 << 20, model_path=str(tiny_model)))
     assert engine.config.speculative_config.num_speculative_tokens == 3 and engine.spec is not None
     # the worker's flag wins
-    args = build_parser().parse_args(["worker", "--speculative-config",
-                                      '{"method": "suffix", "num_speculative_tokens": 5}'])
-    assert _overrides(args, Settings()).speculative_config == args.speculative_config
-    with pytest.raises(SystemExit, match="--speculative-config: speculative_config is not valid JSON"):
-        _overrides(build_parser().parse_args(["worker", "--speculative-config", "{ngram"]), Settings())
+    flag = '{"method": "suffix", "num_speculative_tokens": 5}'
+    assert _worker_flags("--speculative-config", flag).speculative_config == flag
+    with pytest.raises(ConfigError, match="speculative_config is not valid JSON"):
+        _worker_flags("--speculative-config", "{ngram")
     # compose: unset is off; SPECULATIVE_CONFIG=... turns it on
     monkeypatch.delenv("INFLIGHT_SPECULATIVE_CONFIG")
     text = COMPOSE.read_text().replace("${SPECULATIVE_CONFIG:-}", "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
     for doc, want in ((load_compose(), None), (load_compose(text), 4)):
         value = doc["services"]["worker"]["environment"]["INFLIGHT_SPECULATIVE_CONFIG"]
-        spec = engine_overrides(Settings(speculative_config=value or None)).get("speculative_config")
+        spec = Settings(speculative_config=value or None).engine_options().get("speculative_config")
         assert (spec and EngineConfig(model="m", speculative_config=spec).speculative_config
                 .num_speculative_tokens) == want
 
@@ -109,13 +138,9 @@ def test_claim_gpu_hands_out_aligned_blocks_for_tensor_parallel_workers(tmp_path
 
 
 def test_tensor_parallel_size_comes_from_the_environment_and_the_flag(monkeypatch):
-    from inflight.cli.main import build_parser
-
     monkeypatch.setenv("INFLIGHT_TENSOR_PARALLEL_SIZE", "2")
-    assert engine_overrides(Settings())["tensor_parallel_size"] == 2
-    assert engine_overrides(Settings(), tensor_parallel_size=4)["tensor_parallel_size"] == 4
-    args = build_parser().parse_args(["worker", "--tensor-parallel-size", "4"])
-    assert args.tensor_parallel_size == 4
+    assert Settings().engine_options()["tensor_parallel_size"] == 2
+    assert _worker_flags("--tensor-parallel-size", "4").engine_options()["tensor_parallel_size"] == 4
 
 
 def test_claim_survives_kill_9_of_the_holder(tmp_path):

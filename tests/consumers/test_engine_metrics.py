@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry
 
 from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.engine.outputs import RequestOutput
+from tests.consumers.step_metrics import StepMetrics
 
 
 def value(reg: CollectorRegistry, name: str, **labels) -> float:
@@ -23,7 +24,7 @@ def out(rid, new, *, finished=False, reason=None, arrival=100.0, first=None, fin
 
 def test_latency_histograms_and_token_counters_follow_the_outputs():
     reg = CollectorRegistry()
-    m = EngineMetrics(reg, "m")
+    m = StepMetrics(reg, "m")
     m.observe_outputs([out("a", [1], first=100.5), out("b", [7], first=100.5, prompt=3)], 100.5)
     m.observe_outputs([out("a", [2], first=100.5)], 100.7)
     m.observe_outputs([out("a", [3], first=100.5, finished=True, reason="length", finish=101.0),
@@ -68,7 +69,7 @@ def test_the_real_engine_feeds_them(tiny_model):
 
     engine = Engine(EngineConfig(model=str(tiny_model), num_kv_blocks=64, block_size=4))
     reg = CollectorRegistry()
-    m = EngineMetrics(reg, "m")
+    m = StepMetrics(reg, "m")
     prefix = list(range(3, 19))
     for i in range(3):
         engine.add_request(f"r{i}", prompt_token_ids=prefix + [20 + i],

@@ -36,6 +36,16 @@ def test_each_builder_decodes_to_the_model_it_stands_for():
                                  worker="w", batch_id=None),
          ErrorEvent(request_id=None, code="invalid_request", message="not JSON", worker="w")),
     ]
+    out.stop_reason = "\n\n"  # a stop string ended it
+    cases.append((event_bytes.final_event("r-1", "g.1", out, worker="w", batch_id=None,
+                                          submitted_at=None, queued_at=0.75),
+                  FinalEvent(request_id="r-1", attempt="g.1", text="héllo\x00 🙂",
+                             token_ids=[5, 6, 7], finish_reason="stop", worker="w",
+                             stop_reason="\n\n",
+                             usage=Usage(prompt_tokens=4, completion_tokens=3,
+                                         cached_prompt_tokens=4),
+                             timings=Timings(queued_at=0.75, first_token_at=2.0,
+                                             finished_at=3.0))))
     for data, model in cases:
         assert decode_result(data) == model
 

@@ -28,7 +28,7 @@ def _worker_process(settings, model: Path, log: Path) -> subprocess.Popen:
 
     env = {**os.environ, **settings_env(settings), "OMP_NUM_THREADS": "1", "INFLIGHT_METRICS_INTERVAL_S": "1",
            "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "inflight.consumers.worker", "--model", str(model)],
+    return subprocess.Popen([sys.executable, "-m", "inflight", "worker", "--model", str(model)],
                             env=env, cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 
 
@@ -160,7 +160,7 @@ def test_backlog_of_5000_drains_with_bounded_in_flight(broker, tiny_model, tmp_p
         deadline = time.monotonic() + 150
         while True:
             peak = max(peak, w.in_flight)
-            peak_unacked = max(peak_unacked, len(w.publisher.endings))
+            peak_unacked = max(peak_unacked, len(w.publisher.tracked))
             paused_seen |= w.metrics["paused_partitions"] > 0
             if w.metrics["completed"] >= n:
                 break

@@ -21,8 +21,9 @@ def test_int8_kv_cache_serves_end_to_end(broker, tiny_model, tmp_path):
 
     url = f"sqlite:///{tmp_path / 'inflight.db'}"
     store = Store(url, create=True)
-    settings = make_settings(broker, url, kv_cache_dtype="int8")
-    engine = build_engine(settings, str(tiny_model), kv_cache_mb=8)
+    settings = make_settings(broker, url, kv_cache_dtype="int8", model_path=str(tiny_model),
+                             kv_cache_bytes=8 << 20)
+    engine = build_engine(settings)
     assert engine.runner.kv_caches[0][0].dtype == torch.int8
     prompts = ["the quick brown fox", "hello world this is", "kafka carries prompts to workers"]
     svc = Service(settings, engine, store)

@@ -31,7 +31,7 @@ ASSIGNED = re.compile(r"^(\S+ \S+) INFO inflight\.\w+ (?:worker \S+ )?assigned \
 
 
 class WorkerProcess:
-    """`python -m inflight.consumers.worker` with the test's settings; its log in its own file."""
+    """`inflight worker` (`python -m inflight worker`) with the test's settings; its log in its own file."""
 
     def __init__(self, settings, model: Path, log: Path):
         from inflight.cli.commands import settings_env
@@ -39,7 +39,7 @@ class WorkerProcess:
         self.log = log
         env = {**os.environ, **settings_env(settings), "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(REPO)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "inflight.consumers.worker", "--model", str(model)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "inflight", "worker", "--model", str(model)],
                                      env=env, cwd=REPO, stdout=open(log, "ab"),
                                      stderr=subprocess.STDOUT)
         self.name = f"{os.uname().nodename}:{self.proc.pid}"

@@ -217,7 +217,7 @@ def test_poison_pills_end_as_error_rows_and_dlq_copies(service):
     """Produced straight onto the requests topic, as a non-Python producer may: each ends
     as an error row under its id (the Kafka key where the body cannot be parsed) plus a
     DLQ copy the worker could send, and the neighbours complete."""
-    from inflight.schemas.kafka_clients import producer
+    from inflight.transport.kafka_clients import producer
 
     s, client = service.settings, service.client
     tag = uuid.uuid4().hex[:6]

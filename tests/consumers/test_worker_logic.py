@@ -14,6 +14,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaTimeoutError
 
+from inflight.consumers.thread_messages import PartitionsAssigned, PartitionsRevoked
 from inflight.engine import RequestOutput
 from inflight.schemas import PRIORITY_BATCH, SamplingParams, decode_result
 from tests.consumers.conftest import make_settings, read_topic
@@ -222,8 +223,8 @@ def test_rebalance_never_commits_past_an_unacknowledged_final(fake_worker):
     engine.released |= {"h0", "h1"}
     _spin(worker, lambda: len(held.held) == 2)          # both finals sent, neither acked
     mine = intake.consumer.assignment()
-    intake._rebalances.put(("revoked", set(mine)))
-    intake._rebalances.put(("assigned", set(mine)))
+    intake._rebalances.put(PartitionsRevoked(set(mine)))
+    intake._rebalances.put(PartitionsAssigned(set(mine)))
     intake.consumer.seek(tp, 0)                          # redelivery from the committed offset
     _spin(worker, lambda: worker.metrics["duplicates"] == 2)
     for _ in range(5):
@@ -295,7 +296,7 @@ def test_a_final_too_large_for_kafka_becomes_a_small_error_final(broker, tmp_pat
     """Over our own limit (known before sending) and refused by the producer (its
     max_request_size; a broker limit answers the same way, later): either way the request
     ends with a `message_too_large` error final, and the next request still completes."""
-    from inflight.consumers.rd_producer import results_producer
+    from inflight.transport.results_producer import results_producer
     from inflight.producers.client import Client
 
     settings = make_settings(broker, f"sqlite:///{tmp_path / 'x.db'}", partitions=1,
@@ -342,12 +343,12 @@ def test_work_of_a_partition_that_moved_away_is_handed_back(fake_worker):
     _submit(client, "m0", "m1")
     _spin(worker, lambda: len(engine.requests) == 2)
     mine = set(intake.consumer.assignment())
-    intake._rebalances.put(("revoked", mine))       # everything revoked; the requests topic's
-    intake._rebalances.put(("assigned", mine - {tp}))  # partition goes to another worker
+    intake._rebalances.put(PartitionsRevoked(mine))         # everything revoked; the requests
+    intake._rebalances.put(PartitionsAssigned(mine - {tp}))  # topic's partition goes to another worker
     _spin(worker, lambda: engine.aborted == {"m0", "m1"} and not intake.jobs)
     assert worker.metrics["handed_back"] == 2 and worker.metrics["cancelled"] == 0
     engine.aborted.clear()
-    intake._rebalances.put(("assigned", {tp}))      # ... and comes back later
+    intake._rebalances.put(PartitionsAssigned({tp}))        # ... and comes back later
     intake.consumer.seek(tp, 0)
     _spin(worker, lambda: engine.added.count("m0") == 2)  # redone, as a new attempt
     engine.released |= {"m0", "m1"}

@@ -112,30 +112,31 @@ def test_worker_engine_on_an_explicit_device(tiny_model_path, prompts, hf_ref, t
     one, greedy tokens equal HF's. cuda:0 goes through the same code as cuda:1."""
     from inflight.consumers.engine_bridge import build_engine
     from inflight.consumers.engine_loop import EngineLoop
-    from inflight.consumers.handoff import OUTPUTS
+    from inflight.consumers.thread_messages import Slots, StepOutputs
     from inflight.schemas import Settings
 
     gc.collect()
     count = torch.cuda.device_count()
     before = {i: torch.cuda.memory_allocated(i) for i in range(count)}
-    settings = Settings(gpu_lock_dir=tmp_path, max_num_seqs=4, block_size=4)
-    eng = build_engine(settings, str(tiny_model_path), device=device, kv_cache_mb=16, dtype="float32")
+    settings = Settings(gpu_lock_dir=tmp_path, max_num_seqs=4, block_size=4, device=device,
+                        model_path=str(tiny_model_path), kv_cache_bytes=16 << 20, dtype="float32")
+    eng = build_engine(settings)
     index = 0 if device == "cuda:auto" else int(device.split(":")[1])
     try:
         assert eng.device == torch.device("cuda", index) and eng.scope.stream.device == eng.device
         assert all(t.device == eng.device for kv in eng.runner.kv_caches for t in kv)
         assert eng.runner.graphs.graphs  # captured on that device
         publish: queue.Queue = queue.Queue()
-        loop = EngineLoop(eng, publish).start()
+        loop = EngineLoop(eng, publish, Slots(1 << 20)).start()
         greedy = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
         for i, p in enumerate(prompts[:4]):
             loop.add(f"r{i}", prompt_token_ids=p, params=greedy)
         finals = {}
         deadline = time.monotonic() + 120
         while len(finals) < 4 and time.monotonic() < deadline:
-            kind, payload = publish.get(timeout=60)
-            if kind == OUTPUTS:
-                finals.update({o.request_id: o for o in payload[0] if o.finished})
+            msg = publish.get(timeout=60)
+            if isinstance(msg, StepOutputs):
+                finals.update({o.request_id: o for o in msg.outputs if o.finished})
         loop.stop()
         assert loop.join(30) and loop.error is None
         for i, p in enumerate(prompts[:4]):

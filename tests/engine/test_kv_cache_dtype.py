@@ -41,22 +41,23 @@ def test_a_worker_engine_takes_it_from_the_settings(tiny_model_path, monkeypatch
     from inflight.schemas.settings import Settings
 
     monkeypatch.setenv("INFLIGHT_KV_CACHE_DTYPE", "fp8")
-    eng = build_engine(Settings(), str(tiny_model_path), kv_cache_mb=4)
+    settings = Settings(model_path=str(tiny_model_path), kv_cache_bytes=4 << 20)
+    eng = build_engine(settings)
     assert eng.config.kv_cache_dtype == "fp8" and eng.runner.kv_caches[0][0].dtype == torch.float8_e4m3fn
-    eng = build_engine(Settings(), str(tiny_model_path), kv_cache_mb=4, kv_cache_dtype="int8")
+    eng = build_engine(settings.updated(kv_cache_dtype="int8"))
     assert eng.runner.kv_caches[0][0].dtype == torch.int8
 
 
 def test_environment_and_worker_flag(monkeypatch):
     from inflight.cli.main import build_parser
-    from inflight.consumers.engine_bridge import engine_overrides
+    from inflight.cli.commands import with_flags
     from inflight.schemas.settings import Settings
 
-    assert "kv_cache_dtype" not in engine_overrides(Settings())
+    assert "kv_cache_dtype" not in Settings().engine_options()
     monkeypatch.setenv("INFLIGHT_KV_CACHE_DTYPE", "int8")
-    assert engine_overrides(Settings())["kv_cache_dtype"] == "int8"
-    assert engine_overrides(Settings(), kv_cache_dtype="fp8")["kv_cache_dtype"] == "fp8"
-    assert build_parser().parse_args(["worker", "--kv-cache-dtype", "fp8"]).kv_cache_dtype == "fp8"
+    assert Settings().engine_options()["kv_cache_dtype"] == "int8"
+    args = build_parser().parse_args(["worker", "--kv-cache-dtype", "fp8"])
+    assert with_flags(args, Settings()).engine_options()["kv_cache_dtype"] == "fp8"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["worker", "--kv-cache-dtype", "int4"])
 

@@ -86,7 +86,7 @@ def test_stop_string_across_tokens_is_not_emitted(tiny_model_path):
         deltas.append(detok.take_delta(final=stopped))
         if stopped:
             break
-    assert stopped
+    assert stopped and detok.stop_hit == "ck bro"
     assert "".join(deltas) == detok.text == "the qui"
     assert all("b" not in d for d in deltas)
 
@@ -99,8 +99,9 @@ def test_stop_string_in_engine_output(eng, prompts):
     assert stop
     out = eng.generate([prompts[7]], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True,
                                                     stop=[stop]))[0]
-    assert out.finish_reason == "stop"
+    assert out.finish_reason == "stop" and out.stop_reason == stop  # which stop string
     assert out.text == text[:text.index(stop)]
+    assert full.stop_reason is None
 
 
 def test_incremental_detokenization_streams_whole_characters(tiny_model_path):

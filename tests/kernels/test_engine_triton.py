@@ -1,5 +1,5 @@
 """The engine on a tiny random Llama gives the same greedy tokens with the Triton kernels
-(chosen through INFLIGHT_KERNELS) as with the torch path: on CUDA when there is a GPU,
+(EngineConfig.kernels) as with the torch path: on CUDA when there is a GPU,
 else on CPU under the Triton interpreter.
 
 Small blocks and a small step budget make the steps mixed: chunked prefills beside
@@ -44,10 +44,9 @@ def run(model, kernels, kv_cache_dtype="auto"):
     return tokens
 
 
-def test_greedy_tokens_match_torch(tiny_model, monkeypatch):
+def test_greedy_tokens_match_torch(tiny_model):
     expected = run(tiny_model, "torch")
-    monkeypatch.setenv("INFLIGHT_KERNELS", "triton")
-    got = run(tiny_model, None)
+    got = run(tiny_model, "triton")
     assert got == expected
     assert len(got) == 5 and all(len(t) == 6 for t in got)
 

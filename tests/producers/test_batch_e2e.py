@@ -74,7 +74,7 @@ class JobsProcess:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
-        while b" ready." not in self.log.read_bytes():
+        while b" jobs ready: " not in self.log.read_bytes():  # its start line
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
             assert time.monotonic() < deadline, "inflight jobs did not start"
             time.sleep(0.1)

@@ -144,3 +144,32 @@ def test_anthropic_result_lines():
     assert bad["result"]["error"]["error"]["type"] == "invalid_request_error"
     assert anthropic_line("c", "b:c", None, model="m", batch_status="expired")["result"] == {"type": "expired"}
     assert anthropic_line("c", "b:c", None, model="m", batch_status="cancelled")["result"] == {"type": "canceled"}
+
+
+_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+_CUT_CALLS = [
+    # (output cut at max_tokens, the text that may remain, the calls that came out whole)
+    (_CALL + "\n" + _CALL[:-5], None, 2),                       # OpenAI batch: '</tool_'
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"ci', None, 0),  # Anthropic batch
+    ("Checking.\n" + _CALL[:25], "Checking.", 0)]
+
+
+@pytest.mark.parametrize("output, text, n_calls", _CUT_CALLS)
+def test_result_lines_of_a_cut_tool_call_hold_no_markup(output, text, n_calls):
+    """A call cut by max_tokens (issue 36): no `<tool_call>` / `</tool_` in the content or
+    a text block; the whole calls stay; finish_reason length / stop_reason max_tokens."""
+    row = {**_DONE, "output": output, "finish_reason": "length",
+           "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {
+               "name": "get_weather", "arguments": '{"city": "Paris"}'}}
+               for i in range(n_calls)] or None}
+    line, _ = openai_line("c", "b:c", row, endpoint=CHAT, model="m", batch_status="completed",
+                          tools=True)
+    choice = line["response"]["body"]["choices"][0]
+    assert choice["message"]["content"] == text and choice["finish_reason"] == "length"
+    assert len(choice["message"].get("tool_calls") or []) == n_calls
+    msg = anthropic_line("c", "b:c", row, model="m", batch_status="completed",
+                         tools=True)["result"]["message"]
+    texts = [b["text"] for b in msg["content"] if b["type"] == "text"]
+    assert texts == ([text] if text else []) and msg["stop_reason"] == "max_tokens"
+    assert [b["name"] for b in msg["content"] if b["type"] == "tool_use"] == ["get_weather"] * n_calls
+    assert not any("<tool" in t or "</" in t for t in texts)

@@ -12,7 +12,7 @@ from inflight.schemas import Settings
 def test_unfinished_message_files_are_skipped_and_messages_round_trip(tmp_path):
     settings = Settings(data_dir=tmp_path, celery_queue="q1")
     url, transport, options = broker_options(settings)
-    assert transport == TRANSPORT and url == "filesystem://"
+    assert transport == TRANSPORT and url == "filesystem://localhost/"
     folder = tmp_path / "celery" / "queue"
     # what kombu's own writer leaves for a moment: a named message file with no bytes yet
     (folder / "1_x.q1.msg.part").write_bytes(b"")

@@ -14,7 +14,8 @@ import pytest
 from inflight.schemas import FinalEvent, TokenEvent
 from inflight.schemas.codec import encode
 from inflight.schemas.errors import CapacityError
-from inflight.schemas.kafka_clients import producer
+from inflight.transport.kafka_clients import producer
+from tests.producers.reader_state import followed, wait_ready
 
 pytestmark = [pytest.mark.broker]
 
@@ -53,7 +54,7 @@ def reader(kafka_settings):
     from inflight.producers.results_reader import ResultsReader
 
     r = ResultsReader(kafka_settings, max_follows=500).start()
-    assert r.wait_ready(30)
+    assert wait_ready(r, 30)
     yield r
     r.close()
 
@@ -78,7 +79,7 @@ def test_many_follows_on_one_reader_each_get_only_their_request(reader, pub):
     rng = random.Random(0)
     ids = [f"many-{i}" for i in range(200)]
     follows = {rid: reader.follow(rid) for rid in ids}   # before publishing: nothing to replay
-    assert reader.followed == 200
+    assert followed(reader) == 200
     pieces = {rid: [f"<{rid}:{k}>" for k in range(rng.randrange(1, 6))] for rid in ids}
     order = [(rid, i) for rid in ids for i in range(len(pieces[rid]))]
     rng.shuffle(order)   # interleaved on the partitions, in each request's own order
@@ -97,7 +98,7 @@ def test_many_follows_on_one_reader_each_get_only_their_request(reader, pub):
         assert [e.index for e in events[:-1]] == list(range(len(events) - 1))
         assert len(events) - 1 <= len(pieces[rid])
         f.close()
-    assert reader.followed == 0
+    assert followed(reader) == 0
 
 
 def test_a_late_follow_replays_from_its_submit_time(reader, pub, kafka_settings):
@@ -149,10 +150,10 @@ def test_the_cap_on_follows_and_every_close_frees_a_place(kafka_settings):
         fs[1].close()
         fs[1].close()   # idempotent
         fs.append(r.follow("cap-3"))
-        assert r.followed == 3
+        assert followed(r) == 3
         for f in fs:
             f.close()
-        assert r.followed == 0
+        assert followed(r) == 0
     finally:
         r.close()
 
@@ -177,7 +178,7 @@ def test_client_wait_sees_a_row_that_ended_without_an_event(kafka_settings, tmp_
         t0 = time.monotonic()
         res = client.wait("wait-1", timeout=20)
         assert res.done and time.monotonic() - t0 < 10
-        assert client.results.followed == 0
+        assert followed(client.results) == 0
     finally:
         client.close()
         store.close()

@@ -164,9 +164,40 @@ def test_parse_tool_calls_and_their_blocks():
     assert [(c["id"], c["function"]["name"]) for c in calls] == [
         (tool_call_id("r1", 0), "get_weather"), (tool_call_id("r1", 1), "noop")]
     assert json.loads(calls[0]["function"]["arguments"]) == {"a": 1, "s": 'x}"</tool_call>'}
-    assert parse_tool_calls("plain <tool_call> broken", "r1") == ("plain <tool_call> broken", [])
+    # a block that never ends is a call the answer did not finish: dropped, not content
+    assert parse_tool_calls("plain <tool_call> broken", "r1") == ("plain", [])
+    # a complete block (closing tag and all) that does not parse is the model's text
+    assert parse_tool_calls("a <tool_call>x</tool_call> b", "r1") == (
+        "a <tool_call>x</tool_call> b", [])
     blocks = tool_use_blocks(calls)
     assert blocks[0]["type"] == "tool_use" and blocks[0]["input"]["a"] == 1
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"a": 1}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("text, content, names", [
+    # the issue's two cases: a second call's closing tag cut, a lone call cut in its JSON
+    (CALL + "\n" + CALL[:-5], None, ["get_weather", "get_weather"]),
+    (CALL[:40], None, []),
+    ("Let me look.\n" + CALL[:30], "Let me look.", []),
+    ("Let me look.\n" + CALL + "\n<tool_", "Let me look.", ["get_weather"]),
+    ("Let me look. <tool_ca", "Let me look.", []),
+    ("Let me look.\n" + CALL + "\n" + CALL[:len("<tool_call>\n{")], "Let me look.", ["get_weather"]),
+])
+def test_a_call_cut_by_max_tokens_leaves_no_markup(text, content, names):
+    """Whole and streamed: the text outside the calls has no `<tool_call>` / `</tool_`
+    left of a cut call (issue 36); calls that came out whole still count."""
+    got, calls = parse_tool_calls(text, "r1", cut=True)
+    assert got == content and [c["function"]["name"] for c in calls] == names
+    for step in (1, 3, 7, len(text)):
+        stream = ToolCallStream("r1")
+        deltas = [d for i in range(0, len(text), step) for d in stream.feed(text[i:i + step])]
+        deltas += stream.finish(cut=True)
+        streamed = "".join(d.get("content", "") for d in deltas)
+        assert "<tool" not in streamed and "</" not in streamed
+        assert (streamed.strip() or None) == content
+        assert len({tc["index"] for d in deltas for tc in d.get("tool_calls", [])}) >= len(names)
 
 
 @settings(max_examples=60, deadline=None)

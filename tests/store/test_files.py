@@ -46,3 +46,30 @@ def test_list_delete_and_errors(store: Store):
         list(store.iter_file(a.id))
     with pytest.raises(ValueError):
         store.create_file([b""], purpose="fine-tune", filename="x")
+
+
+def test_reclaim_uploads_takes_only_abandoned_uploads(store: Store):
+    """A writer that died leaves its file `uploading`; the sweep deletes it and its chunks
+    after the grace period, never a finished file, never a younger upload. A writer the
+    sweep outran fails saying so and leaves nothing behind."""
+    from sqlalchemy import func, select
+
+    from inflight.schemas.errors import StoreError
+    from inflight.store.models import FileChunkRow, FileRow
+
+    kept = store.create_file([b"done\n"], purpose="batch", filename="kept")
+    seen: list[list[str]] = []
+
+    def dying_writer():
+        yield b"x" * CHUNK_BYTES  # stored: one chunk
+        assert store.reclaim_uploads(3600) == []  # young: not taken
+        seen.append(store.reclaim_uploads(0))  # past the grace period (0 s): taken
+        yield b"tail\n"
+
+    with pytest.raises(StoreError, match="INFLIGHT_API_UPLOAD_GRACE_S"):
+        store.create_file(dying_writer(), purpose="batch", filename="slow")
+    assert len(seen[0]) == 1 and seen[0][0] != kept.id
+    with store.session() as s:
+        assert s.scalars(select(FileRow.id)).all() == [kept.id]
+        assert s.scalar(select(func.count()).select_from(FileChunkRow)) == 1  # kept's own
+    assert store.reclaim_uploads(0) == [] and store.get_file(kept.id) is not None

@@ -1,0 +1,162 @@
+"""Submit a request and answer it from its events: what chat completions, text completions
+and the Messages API share.
+
+    stream = await submit(ctx, req, owner, "chat_completions")   # filed, published, followed
+    return StreamResponse(body(stream), stream, on_unfinished=...)   # streamed: at once
+    return await answer_when_final(ctx, stream, render, path)      # waiting: one JSON body
+
+A streamed answer starts at once (its first chunk before any event: the client knows it
+was accepted) and sends its keep-alive while the request waits (ApiStream.next_or_idle).
+A waiting answer is the final event rendered; an error event is its HTTP error
+(`error_status`), provided it comes within INFLIGHT_API_KEEPALIVE_S. A request still
+waiting then, with INFLIGHT_API_KEEPALIVE_WAITING on, is answered 200 at once and sends a
+space every INFLIGHT_API_KEEPALIVE_S until its JSON (leading whitespace is valid JSON);
+an error that comes after that is the error body in the route's shape with that 200.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from anyio import to_thread
+
+from inflight.api.context import ApiContext
+from inflight.api.errors import APIError, error_body
+from inflight.api.responses import json_response
+from inflight.api.streams import ApiStream, StreamResponse
+from inflight.producers import RequestNotFound
+from inflight.schemas import ErrorEvent, FinalEvent, TokenEvent
+from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
+                                     ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
+                                     ERR_PROMPT_TOO_LONG)
+from inflight.store import queued_row
+from inflight.store.owner_queries import release_request
+
+_CLIENT_ERRORS = {ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
+                  ERR_PROMPT_TOO_LONG}
+WAITING_KEEPALIVE = b" "
+RESTARTED = ("the request was redone on another worker and wrote a different text; "
+             "retry it")
+
+
+def error_status(event: ErrorEvent) -> APIError:
+    """An ErrorEvent as the HTTP error a client should get."""
+    if event.code in _CLIENT_ERRORS:
+        return APIError(400, event.message, param=event.field, code=event.code)
+    if event.code in (ERR_CANCELLED, ERR_EXPIRED):
+        return APIError(409, f"the request was {event.code}: {event.message}", code=event.code)
+    return APIError(500, f"the worker could not run this request ({event.code}): "
+                         f"{event.message}", code=event.code)
+
+
+def timeout_error(ctx: ApiContext, exc: Exception) -> APIError:
+    return APIError(504, f"no answer within {ctx.settings.api_wait_timeout_s:.0f}s "
+                         f"(INFLIGHT_API_WAIT_TIMEOUT_S); is a worker running? ({exc})",
+                    code="timeout")
+
+
+async def submit(ctx: ApiContext, req: Any, owner: str | None, metric: str) -> ApiStream:
+    """File `req` for `owner`, publish it and follow its events; the caller closes the
+    stream or hands it to the response that does (api/streams.py)."""
+    existing = await ctx.claims.claim(queued_row(req), owner)
+    if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
+        raise APIError(500, "request id collision; retry")
+    stream = await open_and_publish(ctx, req, owner)
+    ctx.metrics.inc(metric)
+    return stream
+
+
+async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None) -> ApiStream:
+    """Follow the filed request, then publish it: every event of it lands in the stream,
+    so it needs no replay. A refused publish unfiles the request (the client may retry)."""
+    try:
+        stream = ctx.streams.open(req.request_id, None)
+    except BaseException:
+        await ctx.db(release_request, ctx.store, req.request_id, owner)
+        raise
+    try:
+        await ctx.publish(req)
+    except BaseException:
+        stream.close()
+        await ctx.db(release_request, ctx.store, req.request_id, owner)
+        raise
+    return stream
+
+
+async def cancel_quietly(ctx: ApiContext, rid: str) -> None:
+    """The client went away mid-answer: stop generating for nobody."""
+    await to_thread.run_sync(ctx.client.cancel, rid)
+
+
+async def answer_when_final(ctx: ApiContext, stream: ApiStream,
+                            render: Callable[[FinalEvent], dict[str, Any]], path: str) -> Any:
+    """The waiting answer of a submitted request (module doc): `render(final)` as JSON.
+    `path`: the route's, for the shape of a late error (api/errors.py)."""
+    waiting = ctx.settings.api_keepalive_waiting and ctx.settings.api_keepalive_s > 0
+    try:
+        event = await stream.next_or_idle() if waiting else await stream.next()
+        while isinstance(event, TokenEvent):  # the final's text as one delta first
+            event = await stream.next_or_idle() if waiting else await stream.next()
+    except RequestNotFound as exc:
+        stream.close()
+        raise timeout_error(ctx, exc) from None
+    except BaseException:
+        stream.close()
+        raise
+    if event is None:
+        return StreamResponse(_waiting_body(ctx, stream, render, path), stream,
+                              media_type="application/json",
+                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                              on_unfinished=lambda: cancel_quietly(ctx, stream.request_id))
+    stream.close()
+    if isinstance(event, ErrorEvent):
+        raise error_status(event)
+    return json_response(render(event))
+
+
+async def _waiting_body(ctx: ApiContext, stream: ApiStream,
+                        render: Callable[[FinalEvent], dict[str, Any]],
+                        path: str) -> AsyncIterator[bytes]:
+    yield WAITING_KEEPALIVE
+    while True:
+        try:
+            event = await stream.next_or_idle()
+        except RequestNotFound as exc:
+            err = timeout_error(ctx, exc)
+            yield orjson.dumps(error_body(path, err.status, err.message, err.param, err.code))
+            return
+        if event is None:
+            yield WAITING_KEEPALIVE
+        elif isinstance(event, FinalEvent):
+            yield orjson.dumps(render(event))
+            return
+        elif isinstance(event, ErrorEvent):
+            err = error_status(event)
+            yield orjson.dumps(error_body(path, err.status, err.message, err.param, err.code))
+            return
+
+
+class SentText:
+    """What a chunk stream has sent, across attempts.
+
+    Client.stream starts the text over (a delta with index 0) when a request is redone on
+    another worker. Sent chunks cannot be taken back, so the new attempt's text is sent
+    only past what was already sent, and only while it repeats that text exactly (greedy or
+    seeded sampling does); a redo that writes something else ends the stream with an error.
+    """
+
+    def __init__(self) -> None:
+        self.sent = ""
+        self.current = ""
+
+    def feed(self, event: TokenEvent) -> str | None:
+        """The text to send now ("" for nothing), or None when the redo diverged."""
+        if event.index == 0:
+            self.current = ""
+        self.current += event.text
+        if self.current.startswith(self.sent):
+            delta, self.sent = self.current[len(self.sent):], self.current
+            return delta
+        return "" if self.sent.startswith(self.current) else None
