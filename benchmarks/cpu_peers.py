@@ -21,7 +21,10 @@ benchmarks/heldout/prose.txt, from --seed):
 
 Every system runs each workload once per repeat and thread count, interleaved (the order
 rotates each repeat), after a warm-up at each thread count: a shared machine's load moves
-them all alike. Cells give the median and the range over repeats; the load average is
+them all alike. All three use GNU OpenMP threads (torch, CTranslate2's bundled libgomp,
+ggml built with OpenMP), whose waiting threads spin by default: on a machine whose other
+cores are busy, a second thread often costs more than it brings, to every system;
+`--omp-wait-policy passive` sets OMP_WAIT_POLICY for all of them alike. Cells give the median and the range over repeats; the load average is
 printed with each repeat. Greedy agreement: the share of tokens, position by position,
 that equal inflight's at the same precision (fp32 against F32 and CTranslate2 fp32); the
 quantized systems' agreement with inflight fp32 is shown beside, as a quality hint (their
@@ -50,11 +53,12 @@ SAME_PRECISION = {("llama.cpp", "F32"): "fp32", ("ctranslate2", "fp32"): "fp32"}
 class Worker:
     """One system's process (benchmarks/peers/worker.py): JSON lines both ways."""
 
-    def __init__(self, system: str, precision: str, model: pathlib.Path):
+    def __init__(self, system: str, precision: str, model: pathlib.Path, env: dict[str, str]):
         self.name = f"{system} {precision}"
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "peers" / "worker.py"),
                                       system, precision, str(model)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, **env})
         ready = self.proc.stdout.readline()
         if not ready:
             raise RuntimeError(f"{self.name}: the worker exited ({self.proc.wait()}) before it was ready")
@@ -94,7 +98,7 @@ def folders(src: pathlib.Path, w4: str) -> dict[str, pathlib.Path]:
     return {"fp32": src, "w8": quantized_folder(src, "w8"), "w4": quantized_folder(src, w4)}
 
 
-def start(systems, src: pathlib.Path, w4: str) -> dict:
+def start(systems, src: pathlib.Path, w4: str, env: dict[str, str]) -> dict:
     """Workers of the systems that can run here; prints why the others cannot."""
     sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
     from llama_peer import available
@@ -110,7 +114,7 @@ def start(systems, src: pathlib.Path, w4: str) -> dict:
         else:
             model = src
         print(f"starting {system} {prec}", flush=True)
-        workers[(system, prec)] = Worker(system, prec, model)
+        workers[(system, prec)] = Worker(system, prec, model, env)
     return workers
 
 
@@ -242,6 +246,9 @@ def main() -> None:
     p.add_argument("--systems", default=",".join(f"{s}:{q}" for s, q in SYSTEMS),
                    help="comma list of system:precision")
     p.add_argument("--w4", default="w4-g32", help="the inflight w4 variant (benchmarks/quantization.py names)")
+    p.add_argument("--omp-wait-policy", choices=["default", "passive", "active"], default="default",
+                   help="OMP_WAIT_POLICY for every system's process alike (all three use GNU OpenMP); "
+                        "default: as the environment has it")
     p.set_defaults(plot=str(ROOT / "benchmarks" / "results" / "cpu_peers.png"))
     args = p.parse_args()
     threads = [int(t) for t in args.threads_list.split(",")]
@@ -250,8 +257,11 @@ def main() -> None:
     b1 = prose_prompts(src, args.seed, 1, 32, 32)[0]
     b64 = prose_prompts(src, args.seed + 1, args.num_requests, 16, 64)
     print(f"model {src.name}; threads {threads}; {args.repeats} repeats; {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    workers = start(systems, src, args.w4)
+          f"load average {os.getloadavg()[0]:.2f}; OMP_WAIT_POLICY "
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset') if args.omp_wait_policy == 'default' else args.omp_wait_policy}",
+          flush=True)
+    env = {} if args.omp_wait_policy == "default" else {"OMP_WAIT_POLICY": args.omp_wait_policy.upper()}
+    workers = start(systems, src, args.w4, env)
     try:
         out = run(workers, threads, args.repeats, b1, b64)
     finally:

@@ -138,8 +138,9 @@ def main() -> None:
     p.add_argument("--batch-sizes", default="1,64")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--quant", choices=["w8", "w4"], default=None,
-                   help="profile a quantized copy of the model (made once under .cache/)")
+    p.add_argument("--quant", default=None,
+                   help="profile a quantized copy of the model, a benchmarks/quantization.py variant "
+                        "(w8, w4-g32, w4-g128...; made once in $INFLIGHT_CACHE_DIR/quantized)")
     p.add_argument("--aten", action="store_true", help="add torch.profiler's ATen op table")
     p.add_argument("--per-layer", action="store_true", help="print every layer's ms")
     p.add_argument("--paths", default="native,torch,generic",
@@ -156,9 +157,9 @@ def main() -> None:
 
     path = model_path(args.model)
     if args.quant:
-        from models import quantized_model
+        from quantization import quantized_folder
 
-        path = quantized_model(path, args.quant)
+        path = quantized_folder(path, args.quant)
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     args.max_num_batched_tokens = 2048
     args.kv_cache_mib = None

@@ -15,7 +15,8 @@
 
 namespace {
 
-constexpr int64_t F32_PREFETCH = 1024;  // bytes ahead along each weight row
+// bytes ahead along each weight row: into L1, and further into L2 (as the int8 kernels)
+constexpr int64_t PREFETCH_L1 = 1024, PREFETCH_L2 = 4096;
 
 bool has_avx512f() {
   static const bool ok = __builtin_cpu_supports("avx512f");
@@ -40,7 +41,8 @@ void f32_tile(const float* x, const W* w, float* y, int64_t N, int64_t K) {
   for (int64_t k = 0; k < K; k += 16) {
     __m512 wv[NB];
     for (int j = 0; j < NB; ++j) {
-      _mm_prefetch((const char*)(w + j * K + k) + F32_PREFETCH, _MM_HINT_T0);
+      _mm_prefetch((const char*)(w + j * K + k) + PREFETCH_L1, _MM_HINT_T0);
+      _mm_prefetch((const char*)(w + j * K + k) + PREFETCH_L2, _MM_HINT_T1);
       wv[j] = load16(w + j * K + k);
     }
     for (int i = 0; i < MB; ++i) {
