@@ -6,9 +6,10 @@ Per step (`StepPlan`): the cos/sin rows of each RoPE table, the K/V slots that a
 (and whether some rows are padding), and the attention plan of each distinct sliding
 window (kernels/cpu_attention.py: host copies, decode block ids, masks). Per layer, only
 the layer's own work runs, through `CpuOps` (kernels/cpu_ops.py: one C++ call per part
-where the kernels build, a few torch ops otherwise): norm with the residual added in
-place, q and k rotated in the qkv output and K/V written, attention, silu times up, and
-the four matmuls. No layer allocates a Python container or reads a tensor back to the host.
+for decode-only steps where the kernels build, a few torch ops otherwise): norm with the
+residual added in place, q and k rotated in the qkv output and K/V written, attention,
+silu times up, and the four matmuls. No layer allocates a Python container or reads a
+tensor back to the host.
 
 The CUDA path never comes here (`LlamaModel` takes this path only for the torch kernels on
 a CPU device), so nothing on CUDA changes with it.
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from inflight.kernels.cpu_attention import AttentionPlan, plan_attention
-from inflight.kernels.cpu_ops import CpuOps, StepRope, StepSlots, rope_rows, rotary_cpu, step_slots, write_kv_cpu
+from inflight.kernels.cpu_ops import (TORCH_CPU_OPS, CpuOps, StepRope, StepSlots, rope_rows, rotary_cpu,
+                                     step_slots, write_kv_cpu)
 
 # NOTE: `model` below is the engine/model.py LlamaModel that calls in, and `meta` its
 # AttentionMetadata (not imported: model.py imports this module)
@@ -62,6 +64,11 @@ def forward_hidden_cpu(model, ops: CpuOps, input_ids: torch.Tensor, positions: t
     H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
     q_size, kv_size = model.q_size, model.kv_size
     plan = plan_step(model, positions, meta, kv_caches[0][0].shape[1])
+    if not plan.attention[0].all_decode:
+        # NOTE: a step with prompt rows keeps the torch ops, the references' op order: the
+        # C++ kernels sum in another order, and prompt logprobs (ranks of unlikely tokens
+        # among near-ties) are checked against transformers' bit for bit (tests/engine)
+        ops = TORCH_CPU_OPS
     act = ops.silu_and_mul if c.activation == "silu" else model.act
     h = model.embed_tokens(input_ids)
     residual = None
