@@ -149,20 +149,21 @@ class W8PackedCPU:
 
 @dataclass(frozen=True)
 class W4PackedCPU:
-    """A w4 weight in the kernels' layout, with fp32 scales and zero * scale."""
+    """A w4 weight in the kernels' layout; the stored fp16 scales and uint8 zeros as they are
+    (the kernel subtracts the zero in integers and scales each group's sum)."""
 
     q4: torch.Tensor        # [N, K/2] uint8: split, then interleaved
-    scales: torch.Tensor    # [N, G] fp32
-    zs: torch.Tensor        # [N, G] fp32: zero * scale
+    scales: torch.Tensor    # [N, G] fp16
+    zeros: torch.Tensor     # [N, G] uint8
     group_size: int
 
     @classmethod
     def from_w4(cls, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                 group_size: int) -> "W4PackedCPU":
-        s = scales.float().contiguous()
-        return cls(interleave(split_int4(qweight), 16), s, (zeros.float() * s).contiguous(), group_size)
+        return cls(interleave(split_int4(qweight), 16), scales.half().contiguous(), zeros.contiguous(),
+                   group_size)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        y = native().w4_linear(x2, self.q4, self.scales, self.zs, self.group_size, bias)
+        y = native().w4_linear(x2, self.q4, self.scales, self.zeros, self.group_size, bias)
         return y.view(*x.shape[:-1], y.shape[-1])

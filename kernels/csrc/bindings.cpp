@@ -7,7 +7,7 @@ torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::
 torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
 bool f32_linear_supported();
 torch::Tensor w8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor s, c10::optional<torch::Tensor> bias);
-torch::Tensor w4_linear(torch::Tensor x, torch::Tensor q4, torch::Tensor s, torch::Tensor zs, int64_t group,
+torch::Tensor w4_linear(torch::Tensor x, torch::Tensor q4, torch::Tensor s, torch::Tensor z, int64_t group,
                         c10::optional<torch::Tensor> bias);
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps);
 void rope_write_kv(torch::Tensor qkv, torch::Tensor table, torch::Tensor positions, int64_t H, int64_t Hkv,

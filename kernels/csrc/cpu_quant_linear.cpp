@@ -3,9 +3,9 @@
 // decode step reads 1 (w8) or ~0.6 (w4) bytes per weight instead of fp32's 4.
 //
 //   w8_linear(x [M, K] f32, q [N, K] int8, s [N] f32, bias?)   y = s[n] * sum_k x[m, k] q[n, k]
-//   w4_linear(x [M, K] f32, q4 [N, K/2] uint8 (split layout below), s [N, G] f32,
-//             zs [N, G] f32 (zero * scale), group, bias?)
-//       y = sum_g s[n, g] * sum_{k in g} x[m, k] q[n, k]  -  sum_g zs[n, g] * sum_{k in g} x[m, k]
+//   w4_linear(x [M, K] f32, q4 [N, K/2] uint8 (split layout below), s [N, G] fp16,
+//             z [N, G] uint8 (the stored scales and zeros), group, bias?)
+//       y = sum_g s[n, g] * sum_{k in g} x[m, k] (q[n, k] - z[n, g])
 //         = sum_k x[m, k] (q[n, k] - z[n, g]) s[n, g]      (kernels/quant.py's W, reassociated)
 //
 // int4 split layout (made by kernels/cpu_quant.py from the stored one): each run of 32
@@ -57,18 +57,20 @@ void w8_tile(const float* x, const int8_t* q, const float* s, float* y, int64_t 
     for (int j = 0; j < NB; ++j) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]) * s[j];
 }
 
-// The w4 tile: per group, the dot products of the raw nibbles, scaled into the totals;
-// the zero-point term (zs x the group sums of x) is subtracted at the end.
+// The w4 tile: per group, the zero point is subtracted from the nibbles in integers (exact),
+// the products summed, and the group's sum scaled into the totals: sum_g s_g sum_k x (q - z).
 template <int MB>
-__attribute__((target("avx512f,avx512bw,fma")))
-void w4_tile(const float* x, const float* xs, const uint8_t* q, const float* s, const float* zs,
-             float* y, int64_t N, int64_t K, int64_t G, int64_t group) {
+__attribute__((target("avx512f,avx512bw,fma,f16c")))
+void w4_tile(const float* x, const uint8_t* q, const at::Half* s, const uint8_t* z, float* y,
+             int64_t N, int64_t K, int64_t G, int64_t group) {
   const __m128i low = _mm_set1_epi8(0x0F);
   __m512 tot[MB][NB];
   for (int i = 0; i < MB; ++i)
     for (int j = 0; j < NB; ++j) tot[i][j] = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     const int64_t k0 = g * group, k1 = std::min(K, k0 + group);
+    __m512i zv[NB];
+    for (int j = 0; j < NB; ++j) zv[j] = _mm512_set1_epi32(z[j * G + g]);
     __m512 acc[MB][NB];
     for (int i = 0; i < MB; ++i)
       for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -79,8 +81,10 @@ void w4_tile(const float* x, const float* xs, const uint8_t* q, const float* s, 
       _mm_prefetch((const char*)(qk + PREFETCH_L2), _MM_HINT_T1);
       for (int j = 0; j < NB; ++j) {
         const __m128i b = _mm_loadu_si128((const __m128i*)(qk + j * 16));
-        wl[j] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, low)));
-        wh[j] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), low)));
+        const __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(b, low));
+        const __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), low));
+        wl[j] = _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, zv[j]));
+        wh[j] = _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, zv[j]));
       }
       for (int i = 0; i < MB; ++i) {
         const __m512 xl = _mm512_loadu_ps(x + i * K + k), xh = _mm512_loadu_ps(x + i * K + k + 16);
@@ -91,16 +95,12 @@ void w4_tile(const float* x, const float* xs, const uint8_t* q, const float* s, 
       }
     }
     for (int j = 0; j < NB; ++j) {
-      const __m512 sg = _mm512_set1_ps(s[j * G + g]);
+      const __m512 sg = _mm512_set1_ps(_cvtsh_ss(s[j * G + g].x));
       for (int i = 0; i < MB; ++i) tot[i][j] = _mm512_fmadd_ps(acc[i][j], sg, tot[i][j]);
     }
   }
   for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < NB; ++j) {
-      float zt = 0.f;
-      for (int64_t g = 0; g < G; ++g) zt += zs[j * G + g] * xs[i * G + g];
-      y[i * N + j] = _mm512_reduce_add_ps(tot[i][j]) - zt;
-    }
+    for (int j = 0; j < NB; ++j) y[i * N + j] = _mm512_reduce_add_ps(tot[i][j]);
 }
 
 // Rows n0..n1 (multiples of NB) of the output for every activation row: tiles of MB x NB,
@@ -126,9 +126,8 @@ void w8_rows_scalar(const float* x, const int8_t* q, const float* s, float* y, i
     }
 }
 
-void w4_rows_scalar(const float* x, const float* xs, const uint8_t* q, const float* s, const float* zs,
-                    float* y, int64_t M, int64_t N, int64_t K, int64_t G, int64_t group,
-                    int64_t n0, int64_t n1) {
+void w4_rows_scalar(const float* x, const uint8_t* q, const at::Half* s, const uint8_t* z, float* y,
+                    int64_t M, int64_t N, int64_t K, int64_t G, int64_t group, int64_t n0, int64_t n1) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* qr = q + (n / NB) * NB * (K / 2) + (n % NB) * 16;
@@ -139,9 +138,9 @@ void w4_rows_scalar(const float* x, const float* xs, const uint8_t* q, const flo
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t c = k / 32, i = k % 32;
           const uint8_t b = qr[c * NB * 16 + (i % 16)];
-          acc += x[m * K + k] * float(i < 16 ? (b & 0x0F) : (b >> 4));
+          acc += x[m * K + k] * float(int(i < 16 ? (b & 0x0F) : (b >> 4)) - int(z[n * G + g]));
         }
-        tot += acc * s[n * G + g] - zs[n * G + g] * xs[m * G + g];
+        tot += acc * float(s[n * G + g]);
       }
       y[m * N + n] = tot;
     }
@@ -187,37 +186,29 @@ torch::Tensor w8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor s, c10::
   return finish(y, bias);
 }
 
-torch::Tensor w4_linear(torch::Tensor x, torch::Tensor q4, torch::Tensor s, torch::Tensor zs, int64_t group,
+torch::Tensor w4_linear(torch::Tensor x, torch::Tensor q4, torch::Tensor s, torch::Tensor z, int64_t group,
                         c10::optional<torch::Tensor> bias) {
   const int64_t M = x.size(0), K = x.size(1), N = q4.size(0), G = s.size(1);
   check(x, q4, K);
   TORCH_CHECK(group % 32 == 0, "w4_linear: the group size must be a multiple of 32, got ", group);
   TORCH_CHECK(q4.scalar_type() == torch::kUInt8 && q4.is_contiguous() && q4.size(1) * 2 == K,
               "w4_linear: q4 [N, K/2] uint8");
-  TORCH_CHECK(G == (K + group - 1) / group && s.size(0) == N && zs.sizes() == s.sizes()
-              && s.scalar_type() == torch::kFloat32 && zs.scalar_type() == torch::kFloat32
-              && s.is_contiguous() && zs.is_contiguous(), "w4_linear: s, zs [N, G] fp32");
-  // per row and group: the sum of x, shared by every output row (the zero-point term)
-  auto xs = torch::zeros({M, G}, x.options());
-  {
-    const int64_t full = K / group;
-    if (full) xs.narrow(1, 0, full).copy_(x.narrow(1, 0, full * group).view({M, full, group}).sum(2));
-    if (full < G) xs.narrow(1, full, 1).copy_(x.narrow(1, full * group, K - full * group).sum(1, true));
-  }
+  TORCH_CHECK(G == (K + group - 1) / group && s.size(0) == N && z.sizes() == s.sizes()
+              && s.scalar_type() == torch::kFloat16 && z.scalar_type() == torch::kUInt8
+              && s.is_contiguous() && z.is_contiguous(), "w4_linear: scales fp16 and zeros uint8 [N, G]");
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
-  const float* xsp = xs.data_ptr<float>();
   const uint8_t* qp = q4.data_ptr<uint8_t>();
-  const float* sp = s.data_ptr<float>();
-  const float* zp = zs.data_ptr<float>();
+  const at::Half* sp = s.data_ptr<at::Half>();
+  const uint8_t* zp = z.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const bool v = has_avx512();
+  const bool v = has_avx512() && __builtin_cpu_supports("f16c");
   at::parallel_for(0, N / NB, grain(N), [&](int64_t b0, int64_t b1) {
     const int64_t n0 = b0 * NB, n1 = b1 * NB;
-    if (!v) return w4_rows_scalar(xp, xsp, qp, sp, zp, yp, M, N, K, G, group, n0, n1);
+    if (!v) return w4_rows_scalar(xp, qp, sp, zp, yp, M, N, K, G, group, n0, n1);
     sweep(M, n0, n1, [&](auto mb, int64_t m, int64_t n) {
-      w4_tile<decltype(mb)::value>(xp + m * K, xsp + m * G, qp + n * (K / 2), sp + n * G, zp + n * G,
-                                   yp + m * N + n, N, K, G, group);
+      w4_tile<decltype(mb)::value>(xp + m * K, qp + n * (K / 2), sp + n * G, zp + n * G, yp + m * N + n,
+                                   N, K, G, group);
     });
   });
   return finish(y, bias);
