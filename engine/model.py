@@ -65,7 +65,9 @@ class LlamaModel:
         w = load_weights(cfg, tensors, dtype, self.device, ops.name, folder)
         del tensors
         self.embed, self.norm, self.lm_head, self.layers = w.embed, w.norm, w.lm_head, w.layers
-        self.lm_head16 = w.lm_head16 if native() is not None and native().f32_linear_supported() else None
+        # (a CPU-only copy: on CUDA lm_head16 is None and the kernels are never built)
+        self.lm_head16 = (w.lm_head16 if w.lm_head16 is not None and native() is not None
+                          and native().f32_linear_supported() else None)
         self.embed_scale = (None if cfg.embed_scale is None else
                             torch.tensor(cfg.embed_scale, dtype=dtype, device=self.device))
         tables = {spec: rope_cos_sin_table(spec, cfg.head_dim, cfg.max_position_embeddings,

@@ -59,7 +59,7 @@ F32_KERNEL_MAX_ROWS = 4
 
 
 def takes_f32_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (x.dim() == 2 and x.shape[0] <= F32_KERNEL_MAX_ROWS and x.device.type == "cpu"
+    return (x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= F32_KERNEL_MAX_ROWS
             and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.shape[1] % 16 == 0
             and weight.is_contiguous() and native() is not None and native().f32_linear_supported())
 
