@@ -45,15 +45,19 @@ def build_engine(path, args, batch: int, graphs: bool | None, max_tokens: int):
     return Engine(EngineConfig(**kw))
 
 
-def fill(eng, batch: int, prompt_len: int, max_tokens: int, vocab: int, seed: int) -> None:
-    """Admit `batch` requests and step until every one of them is decoding."""
+def fill(eng, batch: int, prompt_len: int, max_tokens: int, vocab: int, seed: int,
+         logprobs_every: int = 0) -> None:
+    """Admit `batch` requests and step until every one of them is decoding; every
+    `logprobs_every`-th asks for its tokens' logprobs (top 1)."""
     from inflight.engine import SamplingParams
 
     rng = random.Random(seed)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    with_lp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=1)
     for i in range(batch):
+        p = with_lp if logprobs_every and i % logprobs_every == 0 else params
         eng.add_request(str(i), prompt_token_ids=[rng.randrange(100, vocab) for _ in range(prompt_len)],
-                        params=params)
+                        params=p)
     while any(r.num_output_tokens == 0 for r in eng.requests.values()) or eng.scheduler.waiting:
         eng.step()
 
@@ -181,6 +185,9 @@ def main() -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--stub-forward", action="store_true",
                    help="CPU: a stub instead of the model forward (steady host figures)")
+    p.add_argument("--logprobs-every", type=int, default=0,
+                   help="every Nth request asks for logprobs (0: none): what a feature that is "
+                        "on costs the host, against the requests that use it")
     p.add_argument("--kv-cache-mib", type=int, default=None,
                    help="KV budget (default: CUDA: the engine's own sizing; CPU: enough for every request)")
     args = p.parse_args()
@@ -202,7 +209,8 @@ def main() -> None:
             eng = build_engine(path, args, batch, graphs, max_tokens=steps + 64)
             if args.stub_forward:
                 stub_forward(eng)
-            fill(eng, batch, args.prompt_len, max_tokens=steps + 64, vocab=vocab, seed=args.seed)
+            fill(eng, batch, args.prompt_len, max_tokens=steps + 64, vocab=vocab, seed=args.seed,
+                 logprobs_every=args.logprobs_every)
             r = profile_cuda(eng, batch, steps) if cuda else profile_cpu(eng, batch, steps)
             r["cuda_graphs"] = graphs
             results.append(r)

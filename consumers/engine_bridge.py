@@ -81,13 +81,15 @@ def engine_config(settings: Settings) -> Any:
     """The worker's EngineConfig, the one place settings become one: every engine option of
     the settings (Settings.engine_options: INFLIGHT_<NAME>, or `inflight worker --<name>`
     over it), the model folder of INFLIGHT_MODEL_PATH (None: the bundled model, converted
-    once), and as many running requests as the worker holds in flight unless
-    INFLIGHT_MAX_NUM_SEQS says otherwise."""
+    once), as many running requests as the worker holds in flight unless
+    INFLIGHT_MAX_NUM_SEQS says otherwise, and INFLIGHT_CACHE_DIR for what the engine
+    measures at its first start (engine/spec/verify_costs.py)."""
     from inflight.engine import EngineConfig
     from inflight.engine.model_folder import resolve_model
 
     kw = settings.engine_options()
     kw.setdefault("max_num_seqs", settings.worker_max_inflight)
+    kw.setdefault("cache_dir", settings.cache_dir)  # start-up measurements kept there
     return EngineConfig(model=str(resolve_model(settings.model_path, settings.cache_dir)), **kw)
 
 

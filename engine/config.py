@@ -54,6 +54,10 @@ class EngineConfig:
       text or a SpeculativeConfig (engine/spec/config.py), e.g. {"method": "ngram",
       "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4};
       None = off. Stored as a SpeculativeConfig.
+    - `cache_dir`: where start-up measurements are kept between runs: the verification
+      costs of speculative decoding, measured on the device at the first start
+      (engine/spec/verify_costs.py); None: nothing is measured, the documented curve of
+      the device type is read instead. The service passes INFLIGHT_CACHE_DIR.
     """
 
     model: str | os.PathLike
@@ -77,6 +81,7 @@ class EngineConfig:
     distributed_executor_backend: str | None = None
     speculative_config: SpeculativeConfig | dict | str | None = None
     kv_cache_dtype: str = "auto"
+    cache_dir: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
         if self.speculative_config is not None:

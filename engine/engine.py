@@ -43,7 +43,7 @@ from inflight.engine.device import DeviceScope, resolve_device
 from inflight.engine.kv_sizing import MemoryProbe
 from inflight.engine.kv_cache_manager import KVCacheManager
 from inflight.engine.logprobs import ScoreOutput, StepLogprobs, TokenLogprob, extend_prompt_logprobs
-from inflight.engine.model_runner import StepHandle
+from inflight.engine.device_step import StepHandle
 from inflight.engine.outputs import RequestOutput
 from inflight.engine.parallel import TensorParallelGroup
 from inflight.engine.request import Request, RequestStatus
@@ -100,7 +100,7 @@ class Engine:
         self._gen_ids = itertools.count()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.counters = EngineStats()
-        self.spec = build_spec_decoder(config, self)  # None without a speculative_config
+        self.spec = build_spec_decoder(config, self.runner, self.kv)  # None without speculative_config
         # constrained requests whose grammar is compiling (not queued yet)
         self.grammars = GrammarQueue(self.tokenizer, self.model.config.vocab_size, self.runner)
 
@@ -233,8 +233,6 @@ class Engine:
         sched = self._schedule(outputs, drafts)
         if sched.is_empty:
             return outputs
-        if sched.spec_token_ids:
-            sched.draft_probs = self.spec.draft_probs(sched)
         try:
             handle, tokens = self.runner.execute(sched)
         except Exception as exc:  # noqa: BLE001 - one bad pass must not kill the engine's caller
@@ -247,10 +245,12 @@ class Engine:
             self.spec.roll_back(sched, handle, tokens, self.kv, self.runner.batch)
         self._cache_completed(handle)
         now = time.time()
-        lps = self._take_logprobs(handle.logprobs)
         accept = self._accept_run if handle.emitted is not None else self._accept_token
-        for req, token in zip(samplers, tokens):
-            outputs.append(accept(req, token, now, lps.get(req)))
+        if handle.logprobs is None:
+            outputs += [accept(req, token, now) for req, token in zip(samplers, tokens)]
+        else:
+            lps = self._take_logprobs(handle.logprobs)
+            outputs += [accept(req, token, now, lps.get(req)) for req, token in zip(samplers, tokens)]
         if self.config.debug_checks:
             self.kv.check_invariants(list(self.requests.values()))
         return outputs
@@ -304,7 +304,7 @@ class Engine:
             if req.is_finished:  # aborted or stopped while this step ran: drop the token
                 continue
             req.num_pending -= 1
-            outputs.append(self._accept_token(req, token, now, lps.get(req)))
+            outputs.append(self._accept_token(req, token, now, lps.get(req) if lps else None))
 
     def _schedule(self, outputs: list[RequestOutput], drafts: dict | None = None) -> SchedulerOutput:
         sched = self.scheduler.schedule(drafts)
@@ -341,9 +341,7 @@ class Engine:
         (its computed count is 0); every token of a completed step's positions is known
         on the host by now (the step before it was processed first)."""
         if self.kv.enable_caching:
-            for req, done in zip(handle.requests, handle.seq_lens):
-                if not req.is_finished:
-                    self.kv.cache_full_blocks(req, done)
+            self.kv.cache_completed(handle.requests, handle.seq_lens)
 
     def _fail(self, reqs: list[Request], exc: Exception, outputs: list[RequestOutput]) -> None:
         if isinstance(exc, EngineDeadError):  # no next step can succeed: the caller must stop
@@ -388,11 +386,12 @@ class Engine:
             return "length"
         return None
 
-    def _finish_for(self, req: Request, reason: str) -> RequestOutput:
-        """Finish req for what its last token caused (an error: the grammar refused it)."""
+    def _finish_for(self, req: Request, reason: str, new_token_ids: list[int]) -> RequestOutput:
+        """Finish req for what its last token caused (an error: the grammar refused it,
+        and that token is not reported)."""
         if reason == "error":
-            return self._finish(req, "error", req.error, ERR_ENGINE)
-        return self._finish(req, reason, None)
+            return self._finish(req, "error", req.error, ERR_ENGINE, new_token_ids[:-1])
+        return self._finish(req, reason, None, new_token_ids=new_token_ids)
 
     def _accept_run(self, req: Request, tokens: list[int], now: float,
                     logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
@@ -401,54 +400,39 @@ class Engine:
         for j, token in enumerate(tokens):
             reason = self._append_token(req, token, now, None if logprobs is None else logprobs[j])
             if reason is not None:
-                out = self._finish_for(req, reason)
-                out.new_token_ids = tokens[:j + (reason != "error")]
-                return out
-        delta = req.detok.take_delta(False)
-        return RequestOutput(req.request_id, tokens, delta, tokens, delta, False, None, None,
-                             req.num_prompt_tokens, max(req.num_cached_tokens, 0), [],
-                             req.arrival_time, req.first_token_time, None, req.num_preemptions,
-                             logprobs=logprobs)
+                return self._finish_for(req, reason, tokens[:j + 1])
+        return RequestOutput.delta(req, tokens, req.detok.take_delta(False), logprobs)
 
     def _accept_token(self, req: Request, token: int, now: float,
                       logprob: TokenLogprob | None = None) -> RequestOutput:
         reason = self._append_token(req, token, now, logprob)
         if reason is not None:
-            out = self._finish_for(req, reason)
-            if reason != "error":
-                out.new_token_ids = [token]
-            return out
+            return self._finish_for(req, reason, [token])
         # NOTE: a delta: token_ids/text are the delta too (see RequestOutput)
-        new, delta = [token], req.detok.take_delta(False)
-        return RequestOutput(req.request_id, new, delta, new, delta, False, None, None,
-                             req.num_prompt_tokens, max(req.num_cached_tokens, 0), [],
-                             req.arrival_time, req.first_token_time, None, req.num_preemptions,
-                             logprobs=None if req.logprobs is None else [logprob])
+        return RequestOutput.delta(req, [token], req.detok.take_delta(False),
+                                   None if req.logprobs is None else [logprob])
 
     def _finish(self, req: Request, reason: str, error: str | None,
-                error_code: str | None = None) -> RequestOutput:
-        if self.spec is not None and reason in ("stop", "length"):
-            self.spec.finished(req)
+                error_code: str | None = None, new_token_ids: list[int] | None = None) -> RequestOutput:
+        if self.spec is not None:
+            self.spec.finished(req, completed=reason in ("stop", "length"))
         self.grammars.discard(req)  # if still compiling
         self.scheduler.remove(req)
         self.runner.remove(req)
         self.requests.pop(req.request_id, None)
-        return self._finish_output(req, reason, error, error_code)
+        return self._finish_output(req, reason, error, error_code, new_token_ids)
 
     def _finish_output(self, req: Request, reason: str, error: str | None,
-                       error_code: str | None = None) -> RequestOutput:
+                       error_code: str | None = None,
+                       new_token_ids: list[int] | None = None) -> RequestOutput:
         req.status = RequestStatus.FINISHED
         req.finish_reason, req.error = reason, error
         req.finish_time = time.time()
-        delta = req.detok.take_delta(final=True) if req.detok is not None else ""
-        text = req.detok.text if req.detok is not None else ""
-        # the request is done: its lists are never changed again, so no copies
-        return RequestOutput(req.request_id, [], delta, req.output_token_ids, text, True,
-                             reason, error, req.num_prompt_tokens, max(req.num_cached_tokens, 0),
-                             req.prompt_token_ids, req.arrival_time, req.first_token_time,
-                             req.finish_time, req.num_preemptions, error_code,
-                             req.logprobs, req.prompt_logprobs,
-                             req.detok.stop_hit if req.detok is not None else None)
+        detok = req.detok
+        if detok is None:  # refused before it had a detokenizer
+            return RequestOutput.final(req, "", "", new_token_ids or [], error_code)
+        return RequestOutput.final(req, detok.take_delta(final=True), detok.text,
+                                   new_token_ids or [], error_code, detok.stop_hit)
 
     # -- offline use ------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],

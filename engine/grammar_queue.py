@@ -14,9 +14,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_SCHEMA
 from inflight.engine.request import Request
+
+if TYPE_CHECKING:
+    from inflight.engine.grammar import GrammarCompiler
+    from inflight.engine.model_runner import ModelRunner
+    from inflight.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -24,15 +31,16 @@ NAP_S = 0.005  # an engine with only compiles in flight looks again this often
 
 
 class GrammarQueue:
-    def __init__(self, tokenizer, vocab_size: int, runner):
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, runner: ModelRunner):
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._runner = runner
-        self._compiler = None   # engine.grammar.GrammarCompiler, on first use
+        self._compiler: GrammarCompiler | None = None  # on first use
         self.waiting: list[Request] = []
+        self._futures: dict[Request, Future] = {}  # each waiting request's compile
 
     @property
-    def compiler(self):
+    def compiler(self) -> GrammarCompiler:
         if self._compiler is None:
             from inflight.engine.grammar import GrammarCompiler
 
@@ -43,13 +51,12 @@ class GrammarQueue:
 
     def submit(self, req: Request) -> None:
         so = req.params.structured_outputs
-        req.grammar_future = self.compiler.submit(so.kind, so.key)
+        self._futures[req] = self.compiler.submit(so.kind, so.key)
         self.waiting.append(req)
 
     def discard(self, req: Request) -> None:
-        if req.grammar_future is not None:
+        if self._futures.pop(req, None) is not None:
             self.waiting.remove(req)
-            req.grammar_future = None
 
     def take_ready(self) -> tuple[list[Request], list[tuple[Request, str, str]]]:
         """(requests whose grammar is ready, with their matcher set; (request, message,
@@ -58,11 +65,11 @@ class GrammarQueue:
 
         ready, failed, still = [], [], []
         for req in self.waiting:
-            fut = req.grammar_future
+            fut = self._futures[req]
             if not fut.done():
                 still.append(req)
                 continue
-            req.grammar_future = None
+            del self._futures[req]
             try:
                 req.grammar = GrammarMatcher(fut.result())
             except GrammarError as exc:
@@ -80,7 +87,7 @@ class GrammarQueue:
     def nap(self) -> None:
         """Nothing to run but compiles in flight: wait a moment for one (only ever when no
         request could step), rather than spin the caller's loop."""
-        concurrent.futures.wait([r.grammar_future for r in self.waiting], timeout=NAP_S,
+        concurrent.futures.wait(list(self._futures.values()), timeout=NAP_S,
                                 return_when=concurrent.futures.FIRST_COMPLETED)
 
     def stats(self) -> dict:

@@ -33,6 +33,11 @@ from inflight.engine.request import Request
 POISON = 1 << 30
 
 
+def uses_step_features(req: Request) -> bool:
+    """Does req need more than its token each step (a grammar mask, logprobs)?"""
+    return req.grammar is not None or req.logprobs is not None or req.prompt_logprobs is not None
+
+
 class InputBatch:
     def __init__(self, max_rows: int, max_blocks_per_row: int, device: torch.device,
                  poison: bool = False, shared: bool | None = None):
@@ -55,6 +60,9 @@ class InputBatch:
         self.num_random = 0  # rows with temperature > 0
         self.num_top_k = 0
         self.num_top_p = 0
+        # rows whose request uses a per-step feature (grammar, logprobs, prompt logprobs):
+        # while there are none, a step never asks a request about them (engine/step_inputs.py)
+        self.num_featured = 0
         # device diffs not sent yet: (row, first column, block ids)
         self._diffs: list[tuple[int, int, list[int]]] = []
         self.num_diff_entries = 0
@@ -84,6 +92,7 @@ class InputBatch:
         self.num_random += random
         self.num_top_k += random and p.uses_top_k
         self.num_top_p += random and p.uses_top_p
+        self.num_featured += uses_step_features(req)
         return row
 
     def remove(self, req: Request) -> None:
@@ -96,6 +105,7 @@ class InputBatch:
         self.num_random -= random
         self.num_top_k -= random and p.uses_top_k
         self.num_top_p -= random and p.uses_top_p
+        self.num_featured -= uses_step_features(req)
         if self.poison:
             self.block_table[row] = POISON
             if not self.shared:
@@ -162,6 +172,14 @@ class InputBatch:
         self._diffs.clear()
         self.num_diff_entries = 0
         return d
+
+    def apply_diffs(self, diffs: torch.Tensor) -> None:
+        """Write a step's diffs (`take_diffs`' [rows | cols | ids], now on the device) into
+        the device table (a separate one: CUDA, or CPU tests)."""
+        d = diffs.shape[0] // 3
+        if d and not self.shared:
+            diffs = diffs.view(3, d)
+            self.block_table_dev[diffs[0].long(), diffs[1].long()] = diffs[2]
 
     # -- sampling parameters of one step ---------------------------------------------------
     def sampling_arrays(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:

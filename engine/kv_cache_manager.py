@@ -1,5 +1,8 @@
 """Per-request KV bookkeeping on top of the BlockPool: prefix lookup, slot allocation, freeing.
 
+It owns each request's blocks (`KVCacheBlock`s, by request id, as vLLM's `req_to_blocks`)
+and how many of them are findable in the prefix cache; a request keeps only what the
+rest of the engine reads: its block ids (the block table) and its blocks' hashes.
 The scheduler asks two questions of it and never touches blocks itself:
 
     find_cached_prefix(req)   -> the leading blocks of req already in the cache
@@ -29,6 +32,16 @@ class KVCacheManager:
         self.root_hash = BlockHash(root_hash or b"root")
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        self._blocks: dict[str, list[KVCacheBlock]] = {}  # request id -> its blocks, in order
+        self._registered: dict[str, int] = {}  # request id -> leading blocks made findable
+
+    def blocks_of(self, req: Request) -> list[KVCacheBlock]:
+        """req's blocks, in block-table order (empty when it holds none)."""
+        return self._blocks.get(req.request_id, [])
+
+    def num_registered_blocks(self, req: Request) -> int:
+        """req's leading blocks already made findable in the prefix cache."""
+        return self._registered.get(req.request_id, 0)
 
     @property
     def num_blocks(self) -> int:
@@ -71,9 +84,10 @@ class KVCacheManager:
         out: set[BlockHash] = set()
         bs = self.block_size
         for req in requests:
-            first = min(req.num_registered_blocks, req.num_computed_tokens // bs)
+            registered = self.num_registered_blocks(req)
+            first = min(registered, req.num_computed_tokens // bs)
             if req.num_tokens - req.num_computed_tokens > bs or \
-                    req.num_computed_tokens // bs > req.num_registered_blocks:
+                    req.num_computed_tokens // bs > registered:
                 self._update_hashes(req)
                 out.update(req.block_hashes[first:])
         return out
@@ -94,17 +108,28 @@ class KVCacheManager:
             return
         done = req.num_computed_tokens if num_tokens is None else min(num_tokens, req.num_computed_tokens)
         n_full = done // self.block_size
-        if n_full <= req.num_registered_blocks:
+        registered = self.num_registered_blocks(req)
+        if n_full <= registered:
             return
         self._update_hashes(req)
-        for i in range(req.num_registered_blocks, n_full):
-            self.pool.cache_block(req.blocks[i], req.block_hashes[i])
-        req.num_registered_blocks = n_full
+        blocks = self._blocks[req.request_id]
+        for i in range(registered, n_full):
+            self.pool.cache_block(blocks[i], req.block_hashes[i])
+        self._registered[req.request_id] = n_full
+
+    def cache_completed(self, requests: Sequence[Request], seq_lens: Sequence[int]) -> None:
+        """cache_full_blocks for each unfinished request of a completed step, up to its
+        computed tokens there; those that filled no new block cost one comparison."""
+        bs, registered = self.block_size, self._registered
+        for req, done in zip(requests, seq_lens):
+            if min(done, req.num_computed_tokens) // bs > registered.get(req.request_id, 0) \
+                    and not req.is_finished:
+                self.cache_full_blocks(req, done)
 
     # -- allocation -------------------------------------------------------------------
     def can_fit(self, req: Request, num_new_tokens: int,
                 cached: Sequence[KVCacheBlock] = ()) -> bool:
-        held = len(req.blocks) + len(cached)
+        held = len(req.block_ids) + len(cached)
         computed = req.num_computed_tokens + len(cached) * self.block_size
         need = self.blocks_for(computed + num_new_tokens) - held
         # cached blocks that are free right now leave the free queue when reused
@@ -117,45 +142,53 @@ class KVCacheManager:
         adopting `cached` prefix blocks (only when req holds no blocks yet). Returns False,
         changing nothing, when the pool is short."""
         if cached:
-            assert not req.blocks and req.num_computed_tokens == 0
-        elif req.num_computed_tokens + num_new_tokens <= len(req.blocks) * self.block_size:
+            assert not req.block_ids and req.num_computed_tokens == 0
+        elif req.num_computed_tokens + num_new_tokens <= len(req.block_ids) * self.block_size:
             return True  # room in the blocks it holds (most decode steps)
         if not self.can_fit(req, num_new_tokens, cached):
             return False
+        blocks = self._blocks.setdefault(req.request_id, [])
         if cached:
             self.pool.touch(cached)
-            req.blocks.extend(cached)
+            blocks.extend(cached)
             req.block_ids.extend(b.block_id for b in cached)
             req.num_computed_tokens = len(cached) * self.block_size
-            req.num_registered_blocks = len(cached)
-        need = self.blocks_for(req.num_computed_tokens + num_new_tokens) - len(req.blocks)
+            self._registered[req.request_id] = len(cached)
+        need = self.blocks_for(req.num_computed_tokens + num_new_tokens) - len(blocks)
         if need > 0:
             new = self.pool.allocate(need)
-            req.blocks.extend(new)
+            blocks.extend(new)
             req.block_ids.extend(b.block_id for b in new)
         return True
 
     def trim(self, req: Request) -> None:
         """Free req's tail blocks past its computed tokens (they hold only rejected drafts)."""
         keep = self.blocks_for(req.num_computed_tokens)
-        if len(req.blocks) > keep:
-            self.pool.free(req.blocks[keep:][::-1])
-            del req.blocks[keep:]
+        blocks = self._blocks.get(req.request_id)
+        if blocks is not None and len(blocks) > keep:
+            self.pool.free(blocks[keep:][::-1])
+            del blocks[keep:]
             del req.block_ids[keep:]
 
     def free(self, req: Request) -> None:
         """Release all of req's blocks, tail first, and forget its progress."""
-        self.pool.free(req.blocks[::-1])
-        req.blocks.clear()
+        blocks = self._blocks.pop(req.request_id, None)
+        if blocks:
+            self.pool.free(blocks[::-1])
+        self._registered.pop(req.request_id, None)
         req.block_ids.clear()
         req.num_computed_tokens = 0
-        req.num_registered_blocks = 0
 
     def check_invariants(self, requests: Sequence[Request]) -> None:
         refs: dict[int, int] = {}
+        leaked = set(self._blocks).difference(r.request_id for r in requests)
+        if leaked:
+            raise AssertionError(f"blocks held for requests that are gone: {sorted(leaked)}")
         for req in requests:
             if len(set(req.block_ids)) != len(req.block_ids):
                 raise AssertionError(f"{req.request_id} holds a block twice")
+            if [b.block_id for b in self.blocks_of(req)] != req.block_ids:
+                raise AssertionError(f"{req.request_id}'s block table is not its blocks")
             for block_id in req.block_ids:
                 refs[block_id] = refs.get(block_id, 0) + 1
         self.pool.check_invariants(refs)

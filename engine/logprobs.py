@@ -116,35 +116,23 @@ class StepLogprobs:
     prompt_entries: list = None      # [(Request, first index, [TokenLogprob])]
 
     @classmethod
-    def compute(cls, model, logits: torch.Tensor, sampled: torch.Tensor, sample_reqs: list,
-                sample_pos: list[int], sample_idx: torch.Tensor, prompt_rows: list,
-                prompt_hidden: torch.Tensor | None, targets: list[int],
-                targets_dev: torch.Tensor, width: int = 1) -> "StepLogprobs":
-        """`sample_reqs[j]` sits at logits row `sample_pos[j]` (`sample_idx`: the same on the
-        device); `prompt_rows`: (request, start, stop) per request whose prompt positions
-        start..stop-1 are, in order, the rows of `prompt_hidden` (position p scores prompt
-        token p + 1: `targets`, and `targets_dev` on the device). A verification step has
-        `width` rows per request (request i's at i * width + j, j < width): `sample_idx`
-        lists all of them, and each such request gets one entry per emitted token.
-        NOTE: the index tensors come from the caller's staged copy: building them here from
-        lists would be a synchronous pageable copy in the middle of a launch."""
-        sample = None
+    def build(cls, sample_reqs: list, sample_pos: list[int], sample: LogprobRows | None,
+              prompt_rows: list, prompt: LogprobRows | None, targets: list[int],
+              width: int = 1) -> "StepLogprobs":
+        """`sample_reqs[j]` sits at logits row `sample_pos[j]` and `sample` holds its rows'
+        results, in that order; `prompt_rows`: (request, start, stop) per request whose
+        prompt positions start..stop-1 are, in order, the rows of `prompt` (position p
+        scores prompt token p + 1: `targets`). A verification step has `width` rows per
+        request (request i's at i * width + j, j < width): each such request has all of
+        them in `sample`, and gets one entry per emitted token. The device step computed
+        `sample` and `prompt` (ModelRunner.device_step); this is host bookkeeping."""
         ns = [r.params.logprobs for r in sample_reqs]
         if width > 1:
             ns = [v for v in ns for _ in range(width)]
-        if sample_pos:
-            sample = LogprobRows.compute(logits[sample_idx], sampled[sample_idx], max(ns))
-        spans, pns, prompt = [], [], None
-        if prompt_rows:
-            for req, start, stop in prompt_rows:
-                spans.append((req, start + 1, stop - start))
-                pns += [req.params.prompt_logprobs] * (stop - start)
-            t = targets_dev
-            top_n = max(pns)
-            prompt = LogprobRows.cat([
-                LogprobRows.compute(model.compute_logits(prompt_hidden[i:i + PROMPT_CHUNK]),
-                                    t[i:i + PROMPT_CHUNK], top_n)
-                for i in range(0, len(targets), PROMPT_CHUNK)])
+        spans, pns = [], []
+        for req, start, stop in prompt_rows:
+            spans.append((req, start + 1, stop - start))
+            pns += [req.params.prompt_logprobs] * (stop - start)
         return cls(sample_pos, ns, sample, spans, targets, pns, prompt, width)
 
     def resolve(self, requests: list, tokens: list) -> None:
@@ -168,6 +156,18 @@ class StepLogprobs:
             for req, first, count in self.spans:
                 self.prompt_entries.append((req, first, entries[at:at + count]))
                 at += count
+
+
+def prompt_logprob_rows(model, hidden: torch.Tensor, targets: torch.Tensor, top_n: int) -> LogprobRows:
+    """The prompt rows' results from their final hidden states [R, hidden] and the prompt
+    tokens they score [R] (the LM head in pieces of PROMPT_CHUNK rows: a long prompt's
+    [R, vocab] logits at once would be gigabytes).
+    NOTE: `targets` comes from the step's staged copy: building it from a list would be a
+    synchronous pageable copy in the middle of a launch."""
+    return LogprobRows.cat([
+        LogprobRows.compute(model.compute_logits(hidden[i:i + PROMPT_CHUNK]),
+                            targets[i:i + PROMPT_CHUNK], top_n)
+        for i in range(0, hidden.shape[0], PROMPT_CHUNK)])
 
 
 def extend_prompt_logprobs(req, first: int, entries: list[TokenLogprob]) -> None:

@@ -46,8 +46,9 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [B + 1] int32
 
 
-class LlamaModel:
-    """The model of any supported family (the name is the first family's)."""
+class DecoderModel:
+    """The decoder of every supported family (engine/model_config.py: Llama, Qwen2/3,
+    Mistral, Gemma 3, Phi-3)."""
 
     def __init__(self, folder: str | pathlib.Path, ops: KernelOps, dtype: torch.dtype,
                  device: str | torch.device = "cpu", max_model_len: int | None = None,

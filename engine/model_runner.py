@@ -1,5 +1,13 @@
 """Turn a SchedulerOutput into device inputs, run one forward pass, sample on the device.
 
+A launch has three parts, each its own function:
+
+    StepInputs.build   one pass over the scheduled requests: rows, seq_lens, token ids,
+                       who samples (engine/step_inputs.py)
+    _pack              those into one int32 buffer, every region where `StepLayout` says
+                       (engine/step_layout.py), sent in one copy
+    _device_views      the same regions read back on the device as a `DeviceStep`
+
 The flattened batch of one step (n scheduled requests in schedule order, T tokens):
 
     rows             [n]     each request's row in the persistent InputBatch
@@ -7,8 +15,7 @@ The flattened batch of one step (n scheduled requests in schedule order, T token
     input_ids        [T]     request 0's new tokens | request 1's | ...
     src              [T]     -1, or where the token is in the last step's sampled ids
     query_start_loc  [n+1]   where each request's tokens start in T
-    (diffs)          3 x D   block-table updates (row, column, block id), CUDA only
-    (sampling)       3 x n   temperature, top_k, top_p, when some row samples randomly
+    (then block-table diffs, sampling settings, logprob rows, drafts: StepLayout)
 
 These go to the device in one copy (engine/staging.py); the device derives the rest:
 
@@ -41,52 +48,33 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
 from itertools import accumulate
 
 import numpy as np
 import torch
 
 from inflight.engine.cuda_graphs import DecodeGraphs
+from inflight.engine.device_step import (DeviceOutput, DeviceStep, DraftProbs, SpecInputs,
+                                         StepHandle, StepOrderError)
 from inflight.engine.input_batch import InputBatch
-from inflight.engine.logprobs import StepLogprobs
-from inflight.engine.model import AttentionMetadata, LlamaModel
+from inflight.engine.logprobs import LogprobRows, StepLogprobs, prompt_logprob_rows
+from inflight.engine.model import AttentionMetadata, DecoderModel
 from inflight.engine.request import Request
 from inflight.engine.sampler import SamplingBatch, sample
 from inflight.engine.scheduler import SchedulerOutput
-from inflight.engine.spec.layout import SpecLayout
 from inflight.engine.spec.rejection import verify
 from inflight.engine.staging import Staging
+from inflight.engine.step_inputs import StepInputs
+from inflight.engine.step_layout import StepLayout, region_len
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class StepHandle:
-    """A launched step: who samples, and where its sampled ids will be."""
-
-    requests: list[Request]       # scheduled, in schedule order
-    samplers: list[Request]       # those that sample, in schedule order
-    sample_pos: list[int] | None  # their positions among `requests` (None: all sample)
-    sampled: torch.Tensor         # [n] device
-    seq: int                      # launch number (the launch/result order)
-    seq_lens: list[int]           # each request's computed tokens once this step is done
-    host_out: torch.Tensor | None = None  # pinned [n] (CUDA)
-    event: torch.cuda.Event | None = None
-    logprobs: StepLogprobs | None = None  # when a request asked for logprobs (resolved by result)
-    emitted: torch.Tensor | None = None  # [n, K+1] a verification step's tokens (-1 padded)
-    constrained: bool = False     # some sampler's tokens were masked by its grammar
-
-
-class StepOrderError(RuntimeError):
-    """A step was launched or read out of the order the pinned double buffers rely on."""
-
-
 class ModelRunner:
-    def __init__(self, model: LlamaModel, block_size: int, seed: int, *,
+    def __init__(self, model: DecoderModel, block_size: int, seed: int, *,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  cuda_graphs: bool = False, poison: bool = False,
-                 stream: torch.cuda.Stream | None = None, draft: LlamaModel | None = None):
+                 stream: torch.cuda.Stream | None = None, draft: DecoderModel | None = None):
         """`cuda_graphs`: run decode-only steps padded on static buffers (recorded as CUDA
         graphs by `capture_graphs`, CUDA only; otherwise they run eagerly on the same
         buffers, and on CPU the block table and step inputs are kept in separate "device"
@@ -106,10 +94,14 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, ...]] | None = None
         self.draft = draft
         self.draft_kv_caches: list[tuple[torch.Tensor, ...]] | None = None
+        # the draft model's proposer (engine/spec/draft.py, set by build_spec_decoder): a
+        # verification step reads the q of its last proposal
+        self.drafter: DraftProbs | None = None
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self.vocab_size = model.config.vocab_size
         self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
         max_blocks = -(-model.max_model_len // block_size)
         separate = cuda_graphs or self.cuda
         self.batch = InputBatch(max_num_seqs, max_blocks, self.device, poison=poison,
@@ -194,196 +186,147 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _launch(self, sched: SchedulerOutput, overlapped: bool, seq: int) -> StepHandle:
-        reqs, ns = sched.requests, sched.num_tokens
-        n = len(reqs)
-        batch = self.batch
-        row_of = batch.row_of
-        prev = self._prev_index
-        rows: list[int] = []
-        seq_lens: list[int] = []
-        ids: list[int] = []
-        src_at: list[int] = []
-        src_idx: list[int] = []
-        samplers: list[Request] = []
-        sample_pos: list[int] = []
-        masked: list = []              # (logits row, GrammarMatcher) of constrained samplers
-        lp_reqs: list[Request] = []    # samplers that asked for logprobs, and their rows
-        lp_pos: list[int] = []
-        prompt_rows: list[tuple[Request, int, int]] = []  # (req, start, stop): prompt logprobs
-        prompt_at: list[int] = []      # their token rows in the step
-        prompt_targets: list[int] = []  # the prompt token each of those rows scores
-        drafts = sched.spec_token_ids
-        layout = SpecLayout(drafts) if drafts else None
-        if layout is not None and overlapped:
-            raise StepOrderError("a verification step cannot be overlapped: its drafts are "
-                                 "proposed from the tokens of the step before")
-        width = 0
-        pos = 0
-        for i, (req, k) in enumerate(zip(reqs, ns)):
-            row = row_of.get(req)
-            if row is None:
-                row = batch.add(req)
-            elif len(req.block_ids) != batch.num_blocks[row]:
-                batch.append_blocks(req, row)
-            rows.append(row)
-            start = req.num_computed_tokens
-            end = start + k
-            seq_lens.append(end)
-            nb = batch.num_blocks[row]
-            if nb > width:
-                width = nb
-            known = req.num_tokens
-            spec = drafts.get(req) if layout is not None else None
-            if layout is not None:
-                layout.add(i, pos, k, spec)
-            if spec:  # the last token, then the drafts to verify; it samples, as a decode
-                ids.append(req.all_token_ids[start])
-                ids += spec
-                known = end
-            elif end > known:  # the last input is the pending token of the step in flight
-                ids += req.all_token_ids[start:known]
-                ids.append(0)
-                src_at.append(pos + k - 1)
-                src_idx.append(prev[req])
-            elif k == 1:
-                ids.append(req.all_token_ids[start])
-            else:
-                ids += req.all_token_ids[start:end]
-            if req.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
-                stop = min(end, req.num_prompt_tokens - 1)  # rows start..stop-1 score a prompt token
-                prompt_rows.append((req, start, stop))
-                prompt_at.extend(range(pos, pos + stop - start))
-                prompt_targets += req.prompt_token_ids[start + 1:stop + 1]
-            pos += k
-            if end == known + req.num_pending:
-                samplers.append(req)
-                sample_pos.append(i)
-                if req.grammar is not None:
-                    masked.append((i, req.grammar))
-                if req.logprobs is not None:
-                    lp_reqs.append(req)
-                    lp_pos.append(i)
-        T = pos
-        graphs = self.graphs
-        # a step with prompt rows to score runs eagerly (the graphs return n rows only), and
-        # so does a verification step (T > n)
-        P = graphs.padded_size(n) if graphs is not None and T == n and not prompt_rows else None
-        L = P or n        # rows in the packed inputs (padded for a graph step)
-        TL = P or T
+        inputs = StepInputs.build(sched, self.batch, self._prev_index)
+        if inputs.spec is not None:
+            if overlapped:
+                raise StepOrderError("a verification step cannot be overlapped: its drafts are "
+                                     "proposed from the tokens of the step before")
+            if self.drafter is not None:
+                inputs.draft_rows = self.drafter.prob_rows(sched.requests, sched.spec_token_ids)
+        step = self._device_views(inputs, *self._pack(inputs))
+        out = self.device_step(step)
+        return self._handle(inputs, step, out, seq, overlapped)
 
-        # -- pack: rows | seq_lens | ids | src | qsl | diffs | sampling | logprob rows ------
-        d = batch.num_diff_entries
-        random = batch.num_random > 0
-        R = len(prompt_at)
-        W = layout.width + 1 if layout is not None else 1  # logit rows per request in `sampled`
-        lp_rows = lp_pos if W == 1 else [i * W + j for i in lp_pos for j in range(W)]
-        buf = self.staging.host(2 * L + 2 * TL + n + 1 + 3 * d + 3 * n + len(lp_rows) + 2 * R +
-                                (layout.size(n) if layout is not None else 0))
-        buf[:n] = rows
-        buf[n:L] = batch.pad_row
-        buf[L:L + n] = seq_lens
-        buf[L + n:2 * L] = 0
-        o = 2 * L
-        buf[o:o + T] = ids
-        buf[o + T:o + TL] = 0
-        o += TL
-        buf[o:o + TL] = -1
-        if src_at:
-            buf[o + np.asarray(src_at)] = src_idx
-            self.num_device_fed += len(src_at)
-        o += TL
-        o_qsl = o
-        if P is None:
-            buf[o] = 0
-            buf[o + 1:o + n + 1] = list(accumulate(ns))
-            o += n + 1
-        o_diff = o
-        d = batch.take_diffs(buf[o:])
-        o += 3 * d
-        o_samp = o
+    def _padded_size(self, inputs: StepInputs) -> int | None:
+        """P when the step runs padded on the static decode buffers, else None: a step
+        with prompt rows to score runs eagerly (the graphs return n rows only), and so
+        does a verification step (T > n)."""
+        n = inputs.n
+        if self.graphs is None or inputs.num_tokens_total != n or inputs.prompt_rows:
+            return None
+        return self.graphs.padded_size(n)
+
+    def _pack(self, inputs: StepInputs) -> tuple[StepLayout, torch.Tensor, int | None, bool]:
+        """Write the step's inputs into the staging buffer and send it: (layout, device
+        buffer, P of a padded step or None, whether some row samples randomly)."""
+        batch, n, T = self.batch, inputs.n, inputs.num_tokens_total
+        P = self._padded_size(inputs)
+        L, TL = P or n, P or T   # rows in the packed inputs (padded for a graph step)
         temp = top_k = top_p = None
-        if random:
-            temp, top_k, top_p = batch.sampling_arrays(buf[:n])
-            if temp.any():
-                buf[o:o + n] = temp.view(np.int32)
-                o += n
-                if top_k is not None:
-                    top_k = np.where(top_k > 0, top_k, self.vocab_size)
-                    buf[o:o + n] = top_k
-                    o += n
-                if top_p is not None:
-                    buf[o:o + n] = top_p.view(np.int32)
-                    o += n
-            else:
-                random = False
-        o_lp = o  # logits rows of the logprob samplers | prompt rows | their target tokens
-        n_lp = len(lp_rows)
-        buf[o:o + n_lp] = lp_rows
-        o += n_lp
-        buf[o:o + R] = prompt_at
-        buf[o + R:o + 2 * R] = prompt_targets
-        o += 2 * R
-        o_spec = o
-        if layout is not None:
-            o = layout.pack(buf, o)
-        dev = self.staging.send(o)
-
-        # -- device work ----------------------------------------------------------------
-        if d and not batch.shared:
-            r = dev[o_diff:o_diff + d].long()
-            c = dev[o_diff + d:o_diff + 2 * d].long()
-            batch.block_table_dev[r, c] = dev[o_diff + 2 * d:o_diff + 3 * d]
-        sampling = self._greedy
-        if random:
-            # NOTE: a seeded request draws from its own generator only in the steps where
-            # it samples, so its draws do not depend on the rest of the batch
-            gens: list = [None] * n
-            for i, req in zip(sample_pos, samplers):
-                if req.generator is not None:
-                    gens[i] = req.generator
-            o = o_samp
-            t_temp = dev[o:o + n].view(torch.float32)
-            o += n
-            t_k = t_p = None
+        if batch.num_random:
+            temp, top_k, top_p = batch.sampling_arrays(np.asarray(inputs.rows))
+            if not temp.any():
+                temp = top_k = top_p = None
+        spec = inputs.spec
+        R = len(inputs.prompt_at)
+        lay = StepLayout.of(
+            rows=L, seq_lens=L, ids=TL, src=TL, qsl=0 if P else n + 1,
+            diffs=3 * batch.num_diff_entries, temperature=0 if temp is None else n,
+            top_k=0 if top_k is None else n, top_p=0 if top_p is None else n,
+            logprob_rows=len(inputs.lp_pos) * (1 if spec is None else spec.width + 1),
+            prompt_rows=R, prompt_targets=R, spec=0 if spec is None else spec.size(n),
+            draft_rows=0 if inputs.draft_rows is None else n)
+        buf = self.staging.host(lay.size)
+        _put(buf, lay.rows, inputs.rows, batch.pad_row)
+        _put(buf, lay.seq_lens, inputs.seq_lens, 0)
+        _put(buf, lay.ids, inputs.ids, 0)
+        buf[lay.src] = -1
+        if inputs.src_at:
+            buf[lay.src.start + np.asarray(inputs.src_at)] = inputs.src_idx
+            self.num_device_fed += len(inputs.src_at)
+        if not P:
+            buf[lay.qsl.start] = 0
+            buf[lay.qsl.start + 1:lay.qsl.stop] = list(accumulate(inputs.num_tokens))
+        if batch.num_diff_entries:
+            batch.take_diffs(buf[lay.diffs])
+        if temp is not None:
+            buf[lay.temperature] = temp.view(np.int32)
             if top_k is not None:
-                t_k = dev[o:o + n].long()
-                o += n
+                buf[lay.top_k] = np.where(top_k > 0, top_k, self.vocab_size)
             if top_p is not None:
-                t_p = dev[o:o + n].view(torch.float32)
-            sampling = SamplingBatch(t_temp, t_k, t_p, gens, False)
-        spec_inputs = None
-        if P is not None:
-            self.graphs.inputs[:, :P].copy_(dev[:4 * P].view(4, P))
-            step_inputs = (P, None)
-        else:
-            extra = dev[o_lp + n_lp:o_lp + n_lp + R].long() if R else None
-            logit_rows = None
-            if layout is not None:
-                logit_rows, vidx, spec_drafts = layout.views(dev, o_spec, n)
-                spec_inputs = (vidx, spec_drafts, layout.num, sched.draft_probs)
-                masked = [(layout.first[i], m) for i, m in masked]
-            step_inputs = (None, (dev, n, T, width, o_qsl, bool(src_at), extra, logit_rows))
-        sampled, logits, prompt_hidden = self.device_step(step_inputs, n, sampling, masked, spec_inputs)
+                buf[lay.top_p] = top_p.view(np.int32)
+        if inputs.lp_pos:
+            W = 1 if spec is None else spec.width + 1  # logit rows per request
+            buf[lay.logprob_rows] = inputs.lp_pos if W == 1 else \
+                [i * W + j for i in inputs.lp_pos for j in range(W)]
+        if R:
+            buf[lay.prompt_rows] = inputs.prompt_at
+            buf[lay.prompt_targets] = inputs.prompt_targets
+        if spec is not None:
+            spec.pack(buf, lay.spec.start)
+            if inputs.draft_rows is not None:
+                buf[lay.draft_rows] = inputs.draft_rows
+        return lay, self.staging.send(lay.size), P, temp is not None
 
-        handle = StepHandle(reqs, samplers, None if len(samplers) == n else sample_pos,
-                            sampled if layout is None else sampled[:, 0], seq, seq_lens,
-                            constrained=bool(masked))
-        if layout is not None:
+    def _device_views(self, inputs: StepInputs, lay: StepLayout, dev: torch.Tensor,
+                      P: int | None, random: bool) -> DeviceStep:
+        """The step's inputs as views of the staged copy on the device; block-table diffs
+        applied, a padded step's inputs copied to the static buffers."""
+        batch, n, T = self.batch, inputs.n, inputs.num_tokens_total
+        if lay.diffs.stop > lay.diffs.start:
+            batch.apply_diffs(dev[lay.diffs])
+        step = DeviceStep(n, T, P, self._sampling(inputs, lay, dev) if random else self._greedy,
+                          inputs.masked)
+        if inputs.lp_pos:
+            step.logprob_rows = dev[lay.logprob_rows].long()
+            step.logprob_top_n = max(r.params.logprobs for r in inputs.lp_reqs)
+        if inputs.prompt_rows:
+            step.prompt_rows = dev[lay.prompt_rows].long()
+            step.prompt_targets = dev[lay.prompt_targets].long()
+            step.prompt_top_n = max(r.params.prompt_logprobs for r, _, _ in inputs.prompt_rows)
+        if P is not None:
+            # rows | seq_lens | ids | src: back to back, P each (StepLayout)
+            self.graphs.inputs[:, :P].copy_(dev[lay.rows.start:lay.src.stop].view(4, P))
+            return step
+        step.rows, step.seq_lens, step.qsl = dev[lay.rows], dev[lay.seq_lens], dev[lay.qsl]
+        step.ids = dev[lay.ids]
+        step.src = dev[lay.src] if inputs.src_at else None
+        step.width = inputs.width
+        spec = inputs.spec
+        if spec is not None:
+            step.logit_rows, vidx, drafts = spec.views(dev, lay.spec.start, n)
+            q = None if inputs.draft_rows is None else \
+                self.drafter.draft_probs(dev[lay.draft_rows].long(), spec.width)
+            step.spec = SpecInputs(vidx, drafts, spec.num, q)
+            step.masked = [(spec.first[i], m) for i, m in inputs.masked]
+        return step
+
+    def _sampling(self, inputs: StepInputs, lay: StepLayout, dev: torch.Tensor) -> SamplingBatch:
+        """Some row samples randomly: its settings, as device views.
+        NOTE: a seeded request draws from its own generator only in the steps where it
+        samples, so its draws do not depend on the rest of the batch."""
+        gens: list[torch.Generator | None] = [None] * inputs.n
+        for i, req in zip(inputs.sample_pos, inputs.samplers):
+            if req.generator is not None:
+                gens[i] = req.generator
+        top_k = dev[lay.top_k].long() if region_len(lay.top_k) else None
+        top_p = dev[lay.top_p].view(torch.float32) if region_len(lay.top_p) else None
+        return SamplingBatch(dev[lay.temperature].view(torch.float32), top_k, top_p, gens, False)
+
+    def _handle(self, inputs: StepInputs, step: DeviceStep, out: DeviceOutput, seq: int,
+                overlapped: bool) -> StepHandle:
+        """The launched step's handle; its sampled ids on their way to the host (CUDA)."""
+        n, samplers, spec = inputs.n, inputs.samplers, inputs.spec
+        sampled = out.sampled
+        handle = StepHandle(inputs.requests, samplers,
+                            None if len(samplers) == n else inputs.sample_pos,
+                            sampled if spec is None else sampled[:, 0], seq, list(inputs.seq_lens),
+                            constrained=bool(inputs.masked))
+        if spec is not None:
             handle.emitted = sampled
             sampled = sampled.reshape(-1).clamp(min=0)  # the target of each logit row
-        if lp_pos or prompt_rows:
-            at = o_lp + n_lp
-            handle.logprobs = StepLogprobs.compute(
-                self.model, logits, sampled, lp_reqs, lp_pos, dev[o_lp:at].long(), prompt_rows,
-                prompt_hidden, prompt_targets, dev[at + R:at + 2 * R].long(), width=W)
+        if inputs.lp_pos or inputs.prompt_rows:
+            handle.logprobs = StepLogprobs.build(
+                inputs.lp_reqs, inputs.lp_pos, out.sample_logprobs, inputs.prompt_rows,
+                out.prompt_logprobs, inputs.prompt_targets, width=1 if spec is None else spec.width + 1)
         if overlapped:
             self.sampled[:n].copy_(sampled)
-            self._prev_index = {req: sample_pos[j] for j, req in enumerate(samplers)}
-        if self.cuda and layout is None:
+            self._prev_index = {req: inputs.sample_pos[j] for j, req in enumerate(samplers)}
+        if self.cuda and spec is None:
             # NOTE: step seq - 2 used this buffer; launch() checked that it was read
-            out = self._outs[seq % 2]
-            out[:n].copy_(sampled, non_blocking=True)
-            handle.host_out = out
+            host = self._outs[seq % 2]
+            host[:n].copy_(sampled, non_blocking=True)
+            handle.host_out = host
             handle.event = torch.cuda.Event()
             handle.event.record(self.stream)
         return handle
@@ -410,40 +353,51 @@ class ModelRunner:
         return [tokens[i] for i in handle.sample_pos]
 
     # -- the device step: forward + sampling (what a profile calls "device work") -----------
-    def device_step(self, step_inputs, n: int, sampling: SamplingBatch, masked: list = (), spec=None):
-        """-> (sampled ids [n], logits [n, vocab], hidden states of the extra prompt rows or None).
-        `masked`: (logits row, GrammarMatcher) of the constrained samplers; their rows are
-        masked to what the grammar allows before sampling (engine/bitmask.py).
-        A verification step (`spec`: vidx [n, K+1], drafts [n, K], drafts per request, draft
-        probabilities) -> (emitted ids [n, K+1], logits [n * (K+1), vocab], ...):
-        engine/spec/rejection.py. Constrained requests never have drafts: `masked` names
-        their one logit row (SpecLayout.first)."""
-        P, eager = step_inputs
+    def device_step(self, step: DeviceStep) -> DeviceOutput:
+        """The forward and the sampling of a step whose inputs are on the device.
+        `step.masked`: (logits row, GrammarMatcher) of the constrained samplers; their rows
+        are masked to what the grammar allows before sampling (engine/bitmask.py).
+        A verification step (`step.spec`) -> emitted ids [n, K+1] and logits
+        [n * (K+1), vocab]: engine/spec/rejection.py. Constrained requests never have
+        drafts: `masked` names their one logit row (SpecLayout.first). The logprobs asked
+        for are computed here too (engine/logprobs.py), on their rows only; the logits
+        never leave (on CPU freeing a [n, vocab] fp32 tensor is an munmap: the forward's
+        memory, not the host's bookkeeping)."""
         hidden = None
-        if P is not None:
-            logits = self.graphs.run(P)[:n]
+        if step.padded is not None:
+            logits = self.graphs.run(step.padded)[:step.n]
         else:
-            logits, hidden = self._eager_forward(*eager)
-        if masked:
-            self.bitmasks.apply(logits, masked)
+            logits, hidden = self._eager_forward(step)
+        if step.masked:
+            self.bitmasks.apply(logits, step.masked)
+        spec = step.spec
         if spec is not None:
-            vidx, drafts, num_drafts, draft_probs = spec
-            logits = logits[vidx]
-            emitted = verify(logits, drafts, num_drafts, sampling, self.generator, draft_probs)
-            return emitted, logits.view(-1, logits.shape[-1]), hidden
-        return sample(logits, sampling, self.generator), logits, hidden
+            logits = logits[spec.vidx]
+            emitted = verify(logits, spec.drafts, spec.num_drafts, step.sampling, self.generator,
+                             spec.draft_probs)
+            logits = logits.view(-1, logits.shape[-1])
+            sampled = targets = emitted
+            if step.logprob_rows is not None:
+                targets = emitted.reshape(-1).clamp(min=0)  # the target of each logit row
+        else:
+            sampled = targets = sample(logits, step.sampling, self.generator)
+        out = DeviceOutput(sampled)
+        rows = step.logprob_rows
+        if rows is not None:
+            out.sample_logprobs = LogprobRows.compute(logits[rows], targets[rows], step.logprob_top_n)
+        if hidden is not None:
+            out.prompt_logprobs = prompt_logprob_rows(self.model, hidden, step.prompt_targets,
+                                                      step.prompt_top_n)
+        return out
 
-    def _eager_forward(self, dev: torch.Tensor, n: int, T: int, width: int, o_qsl: int,
-                       has_src: bool, extra: torch.Tensor | None = None,
-                       logit_rows: torch.Tensor | None = None):
-        rows = dev[:n]
-        seq_lens = dev[n:2 * n]
-        ids = dev[2 * n:2 * n + T]
-        if has_src:
-            src = dev[2 * n + T:2 * n + 2 * T]
+    def _eager_forward(self, step: DeviceStep) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> (logits of the sampling rows, hidden states of the prompt rows or None)."""
+        n, T = step.n, step.T
+        seq_lens, qsl, ids = step.seq_lens, step.qsl, step.ids
+        if step.src is not None:
+            src = step.src
             ids = torch.where(src >= 0, self.sampled[src.clamp(min=0)], ids)
-        qsl = dev[o_qsl:o_qsl + n + 1]
-        block_tables = self.batch.block_table_dev[rows, :max(width, 1)]
+        block_tables = self.batch.block_table_dev[step.rows, :max(step.width, 1)]
         t = self._arange64[:T]
         if T == n:  # decodes only: token i is request i's
             token_req = self._arange64[:n]
@@ -455,12 +409,13 @@ class ModelRunner:
         slots = block_tables[token_req, positions // bs].long() * bs + positions % bs
         meta = AttentionMetadata(slot_mapping=slots, block_tables=block_tables, seq_lens=seq_lens,
                                  query_start_loc=qsl)
-        last = qsl[1:].long() - 1 if logit_rows is None else logit_rows
+        last = qsl[1:].long() - 1 if step.logit_rows is None else step.logit_rows
         if self.draft is not None:
             self._mirror(ids, positions, meta)
-        if extra is None:
+        if step.prompt_rows is None:
             return self.model.forward(ids, positions, meta, self.kv_caches, last), None
-        h = self.model.forward_hidden(ids, positions, meta, self.kv_caches, torch.cat([last, extra]))
+        h = self.model.forward_hidden(ids, positions, meta, self.kv_caches,
+                                      torch.cat([last, step.prompt_rows]))
         R = last.shape[0]
         return self.model.compute_logits(h[:R]), h[R:]
 
@@ -484,3 +439,10 @@ class ModelRunner:
         """The draft model's forward on the target's inputs: its K/V at the same slots
         (no logits: one row is normed, as a forward must return something)."""
         self.draft.forward_hidden(ids, positions, meta, self.draft_kv_caches, self._arange64[:1])
+
+
+def _put(buf: np.ndarray, region: slice, values: list[int], pad: int) -> None:
+    """values, then `pad` to the region's end."""
+    k = region.start + len(values)
+    buf[region.start:k] = values
+    buf[k:region.stop] = pad

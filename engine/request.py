@@ -5,10 +5,16 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.engine.logprobs import TokenLogprob
 from inflight.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the grammar engine loads with the first constrained request only
+    from inflight.engine.grammar import GrammarMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -23,7 +29,8 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 
 @dataclass(eq=False)
 class Request:
-    """Tokens, blocks and progress of one request.
+    """Tokens, block table and progress of one request (what scheduling and the step need;
+    the blocks themselves are the KVCacheManager's, per-feature state its owner's).
 
     NOTE: scheduling is "computed tokens catch up": `num_computed_tokens` counts the
     leading tokens of `all_token_ids` whose K/V sit in the cache. A prefill chunk, a
@@ -45,17 +52,17 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens served by the prefix cache (set on admission)
-    blocks: list = field(default_factory=list)  # KVCacheBlock, owned by the KVCacheManager
-    block_ids: list[int] = field(default_factory=list)  # the block table, same order
-    block_hashes: list[bytes] = field(default_factory=list)  # of full blocks of all_token_ids
-    num_registered_blocks: int = 0  # leading blocks already made findable in the pool
+    # the block table (its blocks are the KVCacheManager's) and the hashes of the full
+    # blocks of all_token_ids (engine/block_pool.py)
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
     num_preemptions: int = 0
     finish_reason: str | None = None
     error: str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
     generator: torch.Generator | None = None
-    detok: object = None  # engine.detokenizer.IncrementalDetokenizer
+    detok: IncrementalDetokenizer | None = None
     # Tokens sampled on the device but not yet seen by the host (0 or 1): with output
     # processing overlapped (one step ahead), step N+1 is scheduled before step N's
     # token is known, and that token is its input.
@@ -65,16 +72,11 @@ class Request:
     max_num_tokens: int = 1 << 62
     # asked for by params.logprobs / prompt_logprobs (engine/logprobs.py); the prompt's list
     # starts with None (the first token has no context) and grows chunk by chunk
-    logprobs: list | None = None
-    prompt_logprobs: list | None = None
-    # speculative decoding: the proposer's own state of this request, and how many drafts
-    # pay for themselves for it (engine/spec/ngram.py, adaptive.py)
-    spec_state: object = None
-    spec_draft: object = None
-    # params.structured_outputs: the compile in flight (a Future, until admission), then the
-    # request's position in its grammar (engine.grammar.GrammarMatcher)
-    grammar_future: object = None
-    grammar: object = None
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    # params.structured_outputs: the request's position in its grammar, from admission
+    # (its compile is the GrammarQueue's until then)
+    grammar: GrammarMatcher | None = None
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

@@ -33,16 +33,19 @@ from inflight.engine.kv_cache_manager import KVCacheManager
 from inflight.engine.request import Request, RequestStatus
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class SchedulerOutput:
-    """The plan for one step: `requests[i]` gets `num_tokens[i]` new tokens."""
+    """The plan for one step: `requests[i]` gets `num_tokens[i]` new tokens.
+
+    NOTE: filled by `Scheduler.schedule` alone and read-only once returned: the engine
+    and the runner read it and keep what they compute (a draft model's q, the step's
+    inputs) to themselves."""
 
     requests: list[Request] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)  # preempted too often
     spec_token_ids: dict[Request, list[int]] = field(default_factory=dict)  # drafts to verify
-    draft_probs: object = None  # [n, K, V] a draft model's q of sampled drafts (set by the engine)
 
     @property
     def total_tokens(self) -> int:
@@ -93,11 +96,21 @@ class Scheduler:
         # Decodes (one token left to compute) first, then prefill chunks, each group in
         # `running` order: one pass that defers the prefills (no sort per step).
         prefills: list[Request] = []
+        bs = self.kv.block_size
+        requests, num_tokens = out.requests, out.num_tokens
         for req in self.running[:]:  # a copy: preemption removes from `running`
             n = req.num_tokens_to_compute
             if n == 1:
-                spec = drafts.get(req)
-                budget = self._place_running(req, 1 + len(spec) if spec else 1, out, budget)
+                spec = drafts.get(req) if drafts else None
+                if not spec and req.num_computed_tokens < len(req.block_ids) * bs \
+                        and req.status is RequestStatus.RUNNING:
+                    # NOTE: most decodes: room in the blocks it holds (allocate_slots' own
+                    # first test), so nothing to allocate and nobody to preempt
+                    requests.append(req)
+                    num_tokens.append(1)
+                    budget -= 1
+                else:
+                    budget = self._place_running(req, 1 + len(spec) if spec else 1, out, budget)
                 if spec and out.requests and out.requests[-1] is req:
                     n_spec = out.num_tokens[-1] - 1  # the budget may have cut the drafts
                     if n_spec:

@@ -34,6 +34,7 @@ class Staging:
         self.numel = numel
         n_host = 2 if self.cuda else 1
         self._hosts = [torch.zeros(numel, dtype=torch.int32, pin_memory=self.cuda) for _ in range(n_host)]
+        self._host_arrays = [h.numpy() for h in self._hosts]  # views of the same memory
         self._events: list = [None] * n_host
         self.dev = (torch.zeros(numel, dtype=torch.int32, device=self.device) if self.separate
                     else self._hosts[0])
@@ -49,7 +50,7 @@ class Staging:
             ev = self._events[self._k]
             if ev is not None:
                 ev.synchronize()
-        return self._hosts[self._k].numpy()
+        return self._host_arrays[self._k]
 
     def send(self, numel: int) -> torch.Tensor:
         """Copy the first `numel` elements to the device; returns the device buffer."""

@@ -24,7 +24,7 @@ from inflight.engine.config import EngineConfig
 from inflight.engine.device import DeviceScope
 from inflight.engine.errors import ConfigError
 from inflight.engine.kv_sizing import CudaMemoryProbe, KVCachePlan, MemoryProbe, MemorySnapshot, plan_kv_cache
-from inflight.engine.model import LlamaModel
+from inflight.engine.model import DecoderModel
 from inflight.engine.model_runner import ModelRunner
 from inflight.engine.parallel import TensorParallelGroup, load_model
 from inflight.engine.profile_run import profile_lengths, profile_memory
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class DeviceSide:
     ops: KernelOps
-    model: LlamaModel
+    model: DecoderModel
     runner: ModelRunner
     num_kv_blocks: int
     cuda_graphs: bool            # decode steps padded on static buffers
@@ -70,14 +70,14 @@ def build_device_side(config: EngineConfig, folder: pathlib.Path, scope: DeviceS
 
 
 def _after_weights(config: EngineConfig, scope: DeviceScope, probe: MemoryProbe | None,
-                   ops: KernelOps, model: LlamaModel, parallel: TensorParallelGroup | None,
+                   ops: KernelOps, model: DecoderModel, parallel: TensorParallelGroup | None,
                    start: MemorySnapshot | None) -> DeviceSide:
     device = scope.device
     draft = None
     spec = config.speculative_config
     if spec is not None and spec.method == "draft_model":
         draft = load_draft_model(spec, config.model, model,
-                                 lambda path: LlamaModel(path, ops, config.torch_dtype, device,
+                                 lambda path: DecoderModel(path, ops, config.torch_dtype, device,
                                                          model.max_model_len, config.kv_torch_dtype))
     after_weights = probe.snapshot() if probe is not None else None
     cuda_graphs = config.resolve_cuda_graphs(ops.name)
@@ -113,11 +113,11 @@ def _after_weights(config: EngineConfig, scope: DeviceScope, probe: MemoryProbe 
     return DeviceSide(ops, model, runner, num_blocks, cuda_graphs, plan, parallel)
 
 
-def kv_bytes_per_block(model: LlamaModel, draft: LlamaModel | None, block_size: int) -> int:
+def kv_bytes_per_block(model: DecoderModel, draft: DecoderModel | None, block_size: int) -> int:
     return model.kv_bytes_per_block(block_size) + (draft.kv_bytes_per_block(block_size) if draft else 0)
 
 
-def given_num_blocks(config: EngineConfig, model: LlamaModel, draft: LlamaModel | None = None) -> int:
+def given_num_blocks(config: EngineConfig, model: DecoderModel, draft: DecoderModel | None = None) -> int:
     per_block = kv_bytes_per_block(model, draft, config.block_size)
     if config.num_kv_blocks:
         return config.num_kv_blocks
@@ -130,7 +130,7 @@ def given_num_blocks(config: EngineConfig, model: LlamaModel, draft: LlamaModel 
     return blocks
 
 
-def measured_plan(config: EngineConfig, model: LlamaModel, runner: ModelRunner, probe: MemoryProbe,
+def measured_plan(config: EngineConfig, model: DecoderModel, runner: ModelRunner, probe: MemoryProbe,
                   start: MemorySnapshot, after_weights: MemorySnapshot, capture: bool) -> KVCachePlan:
     """Profile the largest step on a throw-away KV cache, then size the real one."""
     before = probe.snapshot()

@@ -22,18 +22,18 @@ __all__ = ["TensorParallelError", "TensorParallelGroup", "load_model"]
 
 def load_model(config, folder: pathlib.Path, ops, device: torch.device,
                group: TensorParallelGroup | None = None):
-    """The engine's model: a plain `LlamaModel`, or rank 0's shard of it on `group` (started
+    """The engine's model: a plain `DecoderModel`, or rank 0's shard of it on `group` (started
     here for `config.tensor_parallel_size` ranks when not given) -> (model, group or None).
 
     NOTE: every rank builds its model from LOAD's JSON (engine/parallel/sharded_model.py,
-    `LeaderModel`): an argument added to `LlamaModel` goes there too (as `kv_dtype` does, by
+    `LeaderModel`): an argument added to `DecoderModel` goes there too (as `kv_dtype` does, by
     its kv_cache_dtype name), or the followers would build another model than rank 0's."""
     from inflight.engine.errors import ConfigError
-    from inflight.engine.model import LlamaModel
+    from inflight.engine.model import DecoderModel
     from inflight.engine.parallel.sharded_model import LeaderModel
 
     if not config.tensor_parallel and group is None:
-        return LlamaModel(folder, ops, config.torch_dtype, device, config.max_model_len,
+        return DecoderModel(folder, ops, config.torch_dtype, device, config.max_model_len,
                           config.kv_torch_dtype), None
     from inflight.engine.model_config import ModelConfig
     from inflight.engine.parallel.shard import ShardPlan

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from inflight.engine.config import DTYPES
-from inflight.engine.model import AttentionMetadata, LlamaModel
+from inflight.engine.model import AttentionMetadata, DecoderModel
 from inflight.engine.model_config import ModelConfig
 from inflight.engine.parallel import handoff
 from inflight.engine.parallel.group import Group, TensorParallelError
@@ -40,7 +40,7 @@ class RowParallel:
         return self.group.all_reduce(self.inner(x))
 
 
-class ShardedModel(LlamaModel):
+class ShardedModel(DecoderModel):
     def __init__(self, folder: str | pathlib.Path, ops, dtype: torch.dtype,
                  device: str | torch.device, max_model_len: int | None,
                  kv_dtype: torch.dtype | None = None, *, group: Group):
@@ -109,7 +109,7 @@ class LeaderModel(ShardedModel):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches, logits_indices: torch.Tensor) -> torch.Tensor:
         self._hand_off(handoff.FORWARD, input_ids, positions, meta, logits_indices)
-        h = LlamaModel.forward_hidden(self, input_ids, positions, meta, kv_caches, logits_indices)
+        h = DecoderModel.forward_hidden(self, input_ids, positions, meta, kv_caches, logits_indices)
         return ShardedModel.compute_logits(self, h)
 
     def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

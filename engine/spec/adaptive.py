@@ -1,8 +1,8 @@
 """How many drafts a request should verify next: as many as pay for themselves.
 
-A verification of d drafts costs `costs[d]` plain decode steps (costs[0] = 1): on CPU a
-measured curve (`CPU_VERIFY_COSTS` in config.py: 1-2 drafts cost little, 3 or more a step
-up), elsewhere 1 + c d for `draft_token_cost` c (`linear_costs`). With drafts accepted one
+A verification of d drafts costs `costs[d]` plain decode steps (costs[0] = 1): the curve
+measured on the device at hand (engine/spec/verify_costs.py; on one CPU thread 1-2 drafts
+cost little, 3 or more a step up), or 1 + c d for `draft_token_cost` c (`linear_costs`). With drafts accepted one
 after another with probability q, it emits on average E(d) = 1 + q + ... + q^d tokens.
 The request verifies the d <= k that maximises E(d) / costs[d]; d = 0 (no drafts) when
 none beats plain decoding by MIN_GAIN (a gain within the estimate's noise is not worth a

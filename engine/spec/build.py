@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from inflight.engine.spec.adaptive import linear_costs
 from inflight.engine.spec.decoder import SpecDecoder
+from inflight.engine.spec.verify_costs import calibrated_costs, default_costs, model_identity
+
+if TYPE_CHECKING:
+    from inflight.engine.config import EngineConfig
+    from inflight.engine.kv_cache_manager import KVCacheManager
+    from inflight.engine.model_runner import ModelRunner
 
 
-def build_spec_decoder(config, engine) -> SpecDecoder | None:
-    """`engine`: the Engine under construction (its model, runner, KV manager, tokenizer)."""
+def build_spec_decoder(config: EngineConfig, runner: ModelRunner,
+                       kv: KVCacheManager) -> SpecDecoder | None:
+    """For an engine under construction: its runner (KV cache allocated) and KV manager."""
     spec = config.speculative_config
     if spec is None:
         return None
@@ -22,5 +32,14 @@ def build_spec_decoder(config, engine) -> SpecDecoder | None:
     else:
         from inflight.engine.spec.draft import DraftProposer
 
-        proposer = DraftProposer.for_engine(spec, engine)
-    return SpecDecoder(spec, proposer, engine.device.type)
+        proposer = DraftProposer(spec, runner, kv)
+        runner.drafter = proposer  # a verification reads its proposal's q
+    k = spec.num_speculative_tokens
+    if spec.draft_token_cost is not None:
+        costs = linear_costs(k, spec.draft_token_cost)
+    elif config.cache_dir is None:
+        costs = default_costs(runner.device.type, k)
+    else:
+        costs = calibrated_costs(runner, k, kv.num_blocks, model_id=model_identity(config.model),
+                                 cache_dir=config.cache_dir)
+    return SpecDecoder(spec, proposer, costs)

@@ -29,19 +29,6 @@ DEFAULT_DISABLE_BY_BATCH_SIZE = 8
 # Requests of this priority value or higher (the wire's PRIORITY_BATCH) do not speculate
 # unless their SamplingParams.speculative is True: an overnight batch keeps the device busy.
 DEFAULT_BATCH_PRIORITY = 10
-# NOTE: what a verification of d drafts costs, in plain decode steps (d = 0, 1, ...), when
-# draft_token_cost is not given. CPU: measured on SmolLM2-135M, fp32, one thread, context
-# 300 (the minimum of 12 steps each at d = 1-8, 10, 12, 14, 16, 20, 24; the rest
-# interpolated): up to 3 rows ride MKL's few-row path, 4 and more take oneDNN's
-# (engine/quant/linear.py); past d = 16 it goes on by CPU_VERIFY_COST_SLOPE a draft.
-# CUDA: 1 + 0.075 d, from the issue's bound on batch-1 verification (k = 4 within 1.3x of
-# a plain step), not measured yet.
-CPU_VERIFY_COSTS = (1.0, 1.05, 1.12, 1.57, 1.58, 1.66, 1.66, 1.75, 1.80, 1.85, 1.90, 1.96, 2.02,
-                    2.04, 2.06, 2.08, 2.10)
-CPU_VERIFY_COST_SLOPE = 0.035
-CUDA_DRAFT_TOKEN_COST = 0.075
-
-
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """How drafts are proposed and when speculation runs.
@@ -58,8 +45,9 @@ class SpeculativeConfig:
     - `draft_token_cost`: what one draft token adds to a verification forward, as a share
       of a plain decode step; each request then verifies as many drafts (<= k) as pay for
       themselves at its own acceptance rate (engine/spec/adaptive.py). 0 = always k (vLLM's
-      behaviour); None = the device's default (CPU_VERIFY_COSTS, a measured curve, on CPU;
-      CUDA_DRAFT_TOKEN_COST elsewhere). Inflight's own key.
+      behaviour); None = measured on the device at hand at start-up and kept under
+      EngineConfig.cache_dir, or without one the documented curve of the device type
+      (engine/spec/verify_costs.py, verify_costs.json). Inflight's own key.
     - `suffix_decoding_max_tree_depth`: longest context suffix matched; a draft is at most
       `suffix_decoding_max_spec_factor` x the match length long;
       `suffix_decoding_min_token_prob`: a draft token needs at least this share of the

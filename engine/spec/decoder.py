@@ -17,29 +17,42 @@ A running request speculates in a step when all of these hold:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 from inflight.engine.request import Request, RequestStatus
-from inflight.engine.spec.adaptive import DraftLength, extended_costs, linear_costs
-from inflight.engine.spec.config import (CPU_VERIFY_COST_SLOPE, CPU_VERIFY_COSTS, CUDA_DRAFT_TOKEN_COST,
-                                         SpeculativeConfig)
+from inflight.engine.spec.adaptive import DraftLength
+from inflight.engine.spec.config import SpeculativeConfig
 from inflight.engine.spec.stats import SpecStats
+
+if TYPE_CHECKING:
+    from inflight.engine.device_step import StepHandle
+    from inflight.engine.input_batch import InputBatch
+    from inflight.engine.kv_cache_manager import KVCacheManager
+    from inflight.engine.scheduler import SchedulerOutput
+
+
+class Proposer(Protocol):
+    """Drafts for each request, at most limits[i] tokens each (ngram.py, suffix.py, draft.py)."""
+
+    def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int]]: ...
+
+    def finished(self, req: Request, completed: bool = True) -> None: ...
 
 
 class SpecDecoder:
-    def __init__(self, config: SpeculativeConfig, proposer, device_type: str = "cpu"):
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, costs: list[float]):
         """`proposer.propose(requests, limits) -> drafts per request` (engine/spec/ngram.py,
-        suffix.py, draft.py); `proposer.finished(request)` when one ends."""
+        suffix.py, draft.py); `proposer.finished(request, completed)` when one ends.
+        `costs[d]`: what a verification of d drafts costs, in plain decode steps, d <= k
+        (engine/spec/verify_costs.py, or adaptive.linear_costs for a fixed cost)."""
         self.config = config
         self.k = config.num_speculative_tokens
         self.proposer = proposer
         self.stats = SpecStats(self.k)
-        cost = config.draft_token_cost
-        # costs[d]: a verification of d drafts, in plain decode steps (engine/spec/adaptive.py)
-        if cost is not None:
-            self.costs = linear_costs(self.k, cost)
-        elif device_type == "cpu":
-            self.costs = extended_costs(self.k, CPU_VERIFY_COSTS, CPU_VERIFY_COST_SLOPE)
-        else:
-            self.costs = linear_costs(self.k, CUDA_DRAFT_TOKEN_COST)
+        self.lengths: dict[Request, DraftLength] = {}  # each speculating request's own
+        if len(costs) != self.k + 1:
+            raise ValueError(f"costs for 0..{self.k} drafts expected, got {len(costs)}")
+        self.costs = costs
 
     def enabled_for(self, req: Request) -> bool:
         on = req.params.speculative
@@ -67,9 +80,9 @@ class SpecDecoder:
             limit = min(self.k, req.max_num_tokens - req.num_tokens - 1)
             if limit <= 0:
                 continue
-            length = req.spec_draft
+            length = self.lengths.get(req)
             if length is None:
-                length = req.spec_draft = DraftLength()
+                length = self.lengths[req] = DraftLength()
             want = length.choose(limit, self.costs)
             if want:
                 reqs.append(req)
@@ -81,16 +94,8 @@ class SpecDecoder:
         drafts = self.proposer.propose(reqs, limits)
         return {r: d for r, d in zip(reqs, drafts) if d}
 
-    def draft_probs(self, sched) -> object:
-        """The draft model's probabilities of the step's sampled drafts ([n, K, V]), or
-        None (greedy drafts, or point-mass proposers: n-gram, suffix)."""
-        get = getattr(self.proposer, "draft_probs", None)
-        if get is None or not sched.spec_token_ids:
-            return None
-        K = max(len(d) for d in sched.spec_token_ids.values())
-        return get(sched.requests, sched.spec_token_ids, K)
-
-    def roll_back(self, sched, handle, tokens: list[list[int]], kv, batch) -> None:
+    def roll_back(self, sched: SchedulerOutput, handle: StepHandle, tokens: list[list[int]],
+                  kv: KVCacheManager, batch: InputBatch) -> None:
         """After a verification step (`tokens`: what each sampler emitted): each request's
         computed count stops after its last accepted draft, so the K/V of rejected drafts
         is never read (the next step writes over those slots), and blocks holding only
@@ -116,8 +121,11 @@ class SpecDecoder:
     def record(self, req: Request, num_drafts: int, num_emitted: int) -> None:
         """One request's verification: `num_drafts` checked, `num_emitted` tokens out."""
         self.stats.record(num_drafts, num_emitted - 1)
-        if req.spec_draft is not None:
-            req.spec_draft.observe(num_drafts, num_emitted - 1)
+        length = self.lengths.get(req)
+        if length is not None:
+            length.observe(num_drafts, num_emitted - 1)
 
-    def finished(self, req: Request) -> None:
-        self.proposer.finished(req)
+    def finished(self, req: Request, completed: bool) -> None:
+        """req ended: forget it (`completed`: by stop or length, not abort or error)."""
+        self.lengths.pop(req, None)
+        self.proposer.finished(req, completed)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +33,11 @@ from inflight.engine.request import Request
 from inflight.engine.sampler import SamplingBatch
 from inflight.engine.spec.config import SpeculativeConfig
 from inflight.engine.spec.rejection import target_probs
+from inflight.engine.step_layout import layout_of
+
+if TYPE_CHECKING:
+    from inflight.engine.kv_cache_manager import KVCacheManager
+    from inflight.engine.model_runner import ModelRunner
 
 
 def _vocab(folder: pathlib.Path) -> dict[str, int]:
@@ -68,8 +73,22 @@ def load_draft_model(spec: SpeculativeConfig, target_folder: pathlib.Path, targe
     return draft
 
 
+class ProposalLayout(NamedTuple):
+    """The packed inputs of one proposal (B requests), in one staged copy."""
+
+    size: int           # elements in all
+    rows: slice         # [B] the requests' InputBatch rows
+    starts: slice       # [B] their computed tokens: the first draft's position
+    ids: slice          # [B] their last tokens
+    limits: slice       # [B] drafts each may get
+    temperature: slice  # [B] fp32 bits
+    diffs: slice        # [3 x D] block-table updates (engine/input_batch.py)
+
+    of = classmethod(layout_of)
+
+
 class DraftProposer:
-    def __init__(self, spec: SpeculativeConfig, runner, kv):
+    def __init__(self, spec: SpeculativeConfig, runner: ModelRunner, kv: KVCacheManager):
         self.k = spec.num_speculative_tokens
         self.runner = runner
         self.kv = kv
@@ -77,11 +96,7 @@ class DraftProposer:
         self._probs: torch.Tensor | None = None   # [B, K, V] q of the last proposal (sampling rows)
         self._row: dict[Request, int] = {}        # request -> its row in _probs
 
-    @classmethod
-    def for_engine(cls, spec: SpeculativeConfig, engine) -> "DraftProposer":
-        return cls(spec, engine.runner, engine.kv)
-
-    def finished(self, req: Request) -> None:
+    def finished(self, req: Request, completed: bool = True) -> None:
         self._row.pop(req, None)
 
     @torch.inference_mode()
@@ -103,24 +118,21 @@ class DraftProposer:
                 batch.append_blocks(r, row)
             rows.append(row)
         width = max(batch.num_blocks[row] for row in rows)
-        # -- one staged copy: rows | starts | last ids | limits | temperature | diffs ------
-        d = batch.num_diff_entries
-        buf = runner.staging.host(5 * B + 3 * d)
-        buf[:B] = rows
-        buf[B:2 * B] = [r.num_computed_tokens for r in sel]
-        buf[2 * B:3 * B] = [r.all_token_ids[-1] for r in sel]
-        buf[3 * B:4 * B] = lims
+        lay = ProposalLayout.of(rows=B, starts=B, ids=B, limits=B, temperature=B,
+                                diffs=3 * batch.num_diff_entries)
+        buf = runner.staging.host(lay.size)
+        buf[lay.rows] = rows
+        buf[lay.starts] = [r.num_computed_tokens for r in sel]
+        buf[lay.ids] = [r.all_token_ids[-1] for r in sel]
+        buf[lay.limits] = lims
         temps = np.asarray([r.params.temperature for r in sel], dtype=np.float32)
-        buf[4 * B:5 * B] = temps.view(np.int32)
-        d = batch.take_diffs(buf[5 * B:])
-        dev = runner.staging.send(5 * B + 3 * d)
-        if d and not batch.shared:
-            o = 5 * B
-            batch.block_table_dev[dev[o:o + d].long(), dev[o + d:o + 2 * d].long()] = dev[o + 2 * d:o + 3 * d]
-        t_rows, start, ids = dev[:B].long(), dev[B:2 * B].long(), dev[2 * B:3 * B].long()
-        lim = dev[3 * B:4 * B].long()
-        sampling = self._sampling(sel, dev[4 * B:5 * B].view(torch.float32), temps)
-        block_tables = batch.block_table_dev[t_rows, :width]
+        buf[lay.temperature] = temps.view(np.int32)
+        batch.take_diffs(buf[lay.diffs])
+        dev = runner.staging.send(lay.size)
+        batch.apply_diffs(dev[lay.diffs])
+        start, ids, lim = dev[lay.starts].long(), dev[lay.ids].long(), dev[lay.limits].long()
+        sampling = self._sampling(sel, dev[lay.temperature].view(torch.float32), temps)
+        block_tables = batch.block_table_dev[dev[lay.rows].long(), :width]
         drafts, probs = self._run(ids, start, lim, block_tables, lims, sampling)
         if probs is not None:
             self._probs = probs
@@ -171,13 +183,18 @@ class DraftProposer:
             drafts.append(ids)
         return torch.stack(drafts, dim=1), (torch.stack(qs, dim=1) if qs else None)
 
-    def draft_probs(self, requests: list[Request], spec_token_ids: dict, K: int) -> torch.Tensor | None:
-        """q [n, K, V] for a verification step over `requests` (zeros where a request has
-        none), or None when the last proposal sampled nothing."""
+    def prob_rows(self, requests: Sequence[Request], spec_token_ids: dict) -> list[int] | None:
+        """Each of a verification step's requests' row in the last proposal's q (past the
+        end, a zero row, for those without drafts), or None when that proposal sampled
+        nothing (greedy drafts are point masses). The rows go to the device in the step's
+        staged copy (StepLayout.draft_rows)."""
         if self._probs is None:
             return None
+        pad = self._probs.shape[0]
+        return [self._row.get(r, pad) if r in spec_token_ids else pad for r in requests]
+
+    def draft_probs(self, rows: torch.Tensor, K: int) -> torch.Tensor:
+        """q [n, K, V] of a verification step (`rows`: `prob_rows` on the device)."""
         probs = self._probs
-        pad = probs.shape[0]
-        idx = [self._row.get(r, pad) if r in spec_token_ids else pad for r in requests]
         padded = torch.cat([probs, probs.new_zeros((1,) + probs.shape[1:])])
-        return padded[torch.tensor(idx, device=probs.device)][:, :K]
+        return padded[rows][:, :K]

@@ -10,8 +10,8 @@ earlier wins; among its occurrences, the one nearest to where the request was co
 context repeats with period p = len - 1 - e), the drafts go on around that period: a loop
 is drafted as going on. The search is vectorised over the whole context (numpy), one pass
 per suffix length: no Python loop over tokens, however long the context. Each request
-keeps its tokens in a numpy array that grows by the new tokens only (`TokenHistory`, on
-`Request.spec_state`).
+keeps its tokens in a numpy array that grows by the new tokens only (`TokenHistory`, kept
+by its proposer in `TokenHistories` while the request lives).
 
 Where it was copying from: a request that copies a text with edits (corrects it, quotes it
 with small changes) leaves the source at each edit, and no n-gram of the edited output
@@ -62,11 +62,27 @@ class TokenHistory:
         return self.buf[:self.n]
 
 
-def history(req: Request) -> np.ndarray:
-    state = req.spec_state
-    if state is None:
-        state = req.spec_state = TokenHistory(max(256, 2 * req.num_tokens))
-    return state.sync(req.all_token_ids)
+class TokenHistories:
+    """The TokenHistory of each request a proposer has seen, until it finishes."""
+
+    def __init__(self) -> None:
+        self._of: dict[Request, TokenHistory] = {}
+
+    def of(self, req: Request) -> TokenHistory:
+        state = self._of.get(req)
+        if state is None:
+            state = self._of[req] = TokenHistory(max(256, 2 * req.num_tokens))
+        return state
+
+    def sync(self, req: Request) -> np.ndarray:
+        """req's tokens so far (a view)."""
+        return self.of(req).sync(req.all_token_ids)
+
+    def drop(self, req: Request) -> None:
+        self._of.pop(req, None)
+
+    def __len__(self) -> int:
+        return len(self._of)
 
 
 def longest_suffix_match(tokens: np.ndarray, n_min: int, n_max: int) -> tuple[int, np.ndarray]:
@@ -127,11 +143,14 @@ def continuation(tokens: np.ndarray, e: int, k: int) -> list[int]:
 class NgramProposer:
     def __init__(self, k: int, n_min: int, n_max: int):
         self.k, self.n_min, self.n_max = k, n_min, n_max
+        self.histories = TokenHistories()
 
     def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int]]:
         """Drafts for each request, at most limits[i] tokens each."""
-        return [propose_ngram(history(r), min(self.k, lim), self.n_min, self.n_max, r.spec_state)
+        h = self.histories
+        return [propose_ngram(h.sync(r), min(self.k, lim), self.n_min, self.n_max, h.of(r))
                 for r, lim in zip(reqs, limits)]
 
-    def finished(self, req: Request) -> None:
+    def finished(self, req: Request, completed: bool = True) -> None:
         """A request ended (nothing kept across requests)."""
+        self.histories.drop(req)

@@ -28,7 +28,7 @@ import numpy as np
 
 from inflight.engine.request import Request
 from inflight.engine.spec.config import SpeculativeConfig
-from inflight.engine.spec.ngram import continuation, history, longest_suffix_match
+from inflight.engine.spec.ngram import TokenHistories, continuation, longest_suffix_match
 
 MAX_CANDIDATES = 64  # occurrences of a pair considered per lookup (the most recent)
 
@@ -145,6 +145,7 @@ class SuffixProposer:
         self.factor = spec.suffix_decoding_max_spec_factor
         self.min_prob = spec.suffix_decoding_min_token_prob
         self.cache = SuffixCache(spec.suffix_decoding_max_cached_requests, self.depth)
+        self.histories = TokenHistories()
 
     def _max_len(self, match: int, limit: int) -> int:
         return min(limit, self.k, max(1, math.floor(self.factor * match)))
@@ -152,7 +153,7 @@ class SuffixProposer:
     def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int]]:
         out = []
         for req, limit in zip(reqs, limits):
-            ctx = history(req)
+            ctx = self.histories.sync(req)
             own, own_ends = longest_suffix_match(ctx, 2, self.depth)
             glob, glob_ends = self.cache.lookup(ctx)
             if glob > own:
@@ -163,5 +164,8 @@ class SuffixProposer:
                 out.append([])
         return out
 
-    def finished(self, req: Request) -> None:
-        self.cache.add(req.output_token_ids)
+    def finished(self, req: Request, completed: bool = True) -> None:
+        """A request ended; a `completed` one's output joins the cache."""
+        self.histories.drop(req)
+        if completed:
+            self.cache.add(req.output_token_ids)

@@ -56,7 +56,7 @@ class PoolMachine(RuleBasedStateMachine):
     def _compute(self, req, upto):
         """Pretend to run the model: write req's tokens [computed, upto) into their slots."""
         for pos in range(req.num_computed_tokens, upto):
-            block = req.blocks[pos // BS]
+            block = self.kv.blocks_of(req)[pos // BS]
             assert block.ref_cnt == 1, "writing into a shared block"
             assert block.block_hash is None, "writing into a cached block"
             self.content[self._slot(req, pos)] = req.all_token_ids[pos]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inflight.engine.spec.adaptive import MIN_GAIN, DraftLength, extended_costs, linear_costs
-from inflight.engine.spec.config import CPU_VERIFY_COST_SLOPE, CPU_VERIFY_COSTS
+from tests.engine.spec.cpu_curve import CPU_VERIFY_COST_SLOPE, CPU_VERIFY_COSTS
 
 
 def expected_gain(q: float, d: int, cost: float) -> float:
@@ -36,7 +36,7 @@ def test_evidence_moves_it_and_fades_when_idle():
 
 
 def test_the_measured_cpu_curve():
-    """On CPU 1-2 drafts cost little and 3 or more a step up (config.CPU_VERIFY_COSTS): a
+    """On CPU 1-2 drafts cost little and 3 or more a step up (cpu_curve.CPU_VERIFY_COSTS): a
     request that is right a third of the time verifies 1-2 drafts, one that copies all of
     k, one never right none; the curve goes on past its end at its last slope."""
     costs = extended_costs(24, CPU_VERIFY_COSTS, CPU_VERIFY_COST_SLOPE)

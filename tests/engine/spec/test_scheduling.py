@@ -79,9 +79,9 @@ def test_rejected_drafts_blocks_are_freed_and_never_hashed(tiny_model_path, draf
             (after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"])
         for req in eng.scheduler.running:
             assert len(req.block_ids) == eng.kv.blocks_for(req.num_computed_tokens), req.request_id
-            assert req.num_registered_blocks * eng.block_size <= req.num_tokens
-            for i in range(req.num_registered_blocks):
-                block = req.blocks[i]
+            assert eng.kv.num_registered_blocks(req) * eng.block_size <= req.num_tokens
+            for i in range(eng.kv.num_registered_blocks(req)):
+                block = eng.kv.blocks_of(req)[i]
                 tokens = req.all_token_ids[i * eng.block_size:(i + 1) * eng.block_size]
                 assert block.block_hash == req.block_hashes[i] and len(tokens) == eng.block_size
     assert rejected > 0
