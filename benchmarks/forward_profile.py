@@ -6,7 +6,7 @@
 N requests (random prompts of --prompt-len tokens, greedy) are prefilled, then --steps
 decode steps are measured (every request decodes in every step), for each forward of
 --paths in turn, in the same run: the CPU forward (engine/cpu_forward.py) with its C++
-kernels (native) or its torch ops (torch), and the generic loop (`LlamaModel.forward_hidden`
+kernels (native) or its torch ops (torch), and the generic loop (`DecoderModel.forward_hidden`
 with the torch kernel set, the baseline). The forward's parts are
 timed by wrapping, on this engine only, the kernel functions it calls (norm, rotary and K/V
 write (one part, rope_kv, in the CPU forward), attention, activation) and its linear layers (qkv, o, gate_up, down, LM head): each

@@ -1,5 +1,5 @@
 """The decoder's forward on the CPU with the torch kernels: the same math as
-`LlamaModel.forward_hidden`'s generic loop, with what depends only on the step worked out
+`DecoderModel.forward_hidden`'s generic loop, with what depends only on the step worked out
 once per forward instead of once per layer.
 
 Per step (`StepPlan`): the cos/sin rows of each RoPE table, the K/V slots that are written
@@ -11,7 +11,7 @@ residual added in place, q and k rotated in the qkv output and K/V written, atte
 silu times up, and the four matmuls. No layer allocates a Python container or reads a
 tensor back to the host.
 
-The CUDA path never comes here (`LlamaModel` takes this path only for the torch kernels on
+The CUDA path never comes here (`DecoderModel` takes this path only for the torch kernels on
 a CPU device), so nothing on CUDA changes with it.
 """
 
@@ -25,7 +25,7 @@ from inflight.kernels.cpu_attention import AttentionPlan, plan_attention
 from inflight.kernels.cpu_ops import (TORCH_CPU_OPS, CpuOps, StepRope, StepSlots, rope_rows, rotary_cpu,
                                      step_slots, write_kv_cpu)
 
-# NOTE: `model` below is the engine/model.py LlamaModel that calls in, and `meta` its
+# NOTE: `model` below is the engine/model.py DecoderModel that calls in, and `meta` its
 # AttentionMetadata (not imported: model.py imports this module)
 
 
@@ -57,7 +57,7 @@ def plan_step(model, positions: torch.Tensor, meta,
 
 def forward_hidden_cpu(model, ops: CpuOps, input_ids: torch.Tensor, positions: torch.Tensor, meta,
                        kv_caches: list[tuple[torch.Tensor, ...]], rows: torch.Tensor) -> torch.Tensor:
-    """`LlamaModel.forward_hidden` (same arguments and result) on the CPU."""
+    """`DecoderModel.forward_hidden` (same arguments and result) on the CPU."""
     c = model.config
     eps = c.rms_norm_eps
     T = input_ids.shape[0]
