@@ -9,8 +9,9 @@ time the arithmetic instead). Process CPU ms (the steadier figure on a shared ma
 best of --reps), per path:
 
     dense: MKL     F.linear (MKL; what fp32 took before)
-    dense: engine  `dense_linear` as dispatched (the project's kernel for 1-4 rows,
-                   oneDNN for 4-32 rows of a large weight, MKL otherwise)
+    dense: engine  `dense_linear` as dispatched (engine/quant/linear.py: the project's
+                   kernel up to F32_KERNEL_MAX_ROWS rows, then oneDNN / MKL)
+    dense: kernel  the project's fp32 kernel (kernels/csrc/cpu_dense_linear.cpp) at every size
     w8: kernel     the exact int8 x fp32 kernel (kernels/quant_cpu.py, W8PackedCPU)
     w8: dequant    dequantize-on-the-fly + F.linear
     w4: kernel     the exact int4 x fp32 kernel, groups of --group (W4PackedCPU)
@@ -68,6 +69,7 @@ def main() -> None:
     paths = {
         "dense: MKL": lambda xs: [F.linear(x, w) for x, w in zip(xs, ws)],
         "dense: engine": lambda xs: [dense_linear(x, w) for x, w in zip(xs, ws)],
+        "dense: kernel": lambda xs: [native().f32_linear(x, w, None) for x, w in zip(xs, ws)],
         "w8: kernel": lambda xs: [k.matmul(x) for x, k in zip(xs, k8)],
         "w8: dequant": lambda xs: [F.linear(x, dequantize_w8(q.qweight, q.scales, x.dtype)) for x, q in zip(xs, q8)],
         "w4: kernel": lambda xs: [k.matmul(x) for x, k in zip(xs, k4)],

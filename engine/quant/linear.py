@@ -50,12 +50,14 @@ ONEDNN_MIN_BYTES = 3 << 20
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-# NOTE: for 1 to F32_KERNEL_MAX_ROWS rows on CPU in fp32 (a decode step, a short
-# verification) the project's kernel (kernels/csrc/cpu_dense_linear.cpp) beats both: as
-# fast as MKL for one row on one thread, faster for 2-4 rows, and with two threads far
-# faster than MKL's threaded GEMV, whose threads wait on each other through every small
-# product (benchmarks/cpu_kernels.py; docs/benchmarks.md).
-F32_KERNEL_MAX_ROWS = 4
+# NOTE: for 1 to F32_KERNEL_MAX_ROWS rows on CPU in fp32 (decode steps, verifications) the
+# project's kernel (kernels/csrc/cpu_dense_linear.cpp) beats both: as fast as MKL for one
+# row on one thread, faster from 2 rows on (each tile of 4 weight rows is read once and kept
+# in L1 for every 4 rows of activations), and with two threads far faster than MKL's
+# threaded GEMV, whose threads wait on each other through every small product
+# (benchmarks/cpu_kernels.py; docs/benchmarks.md). Prefill chunks (more rows) keep
+# oneDNN / MKL, whose GEMMs are the faster ones there.
+F32_KERNEL_MAX_ROWS = 64
 
 
 def takes_f32_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -17,8 +17,8 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
                                torch::Tensor block_tables, torch::Tensor seq_lens, double scale, int64_t window);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("f32_linear", &f32_linear, "fp32 linear for up to 4 rows (decode), row-major weights");
-  m.def("bf16_linear", &bf16_linear, "fp32 x bf16-stored weights (widened exactly) for up to 4 rows");
+  m.def("f32_linear", &f32_linear, "fp32 linear for decode rows, row-major weights");
+  m.def("bf16_linear", &bf16_linear, "fp32 x bf16-stored weights (widened exactly), decode rows");
   m.def("f32_linear_supported", &f32_linear_supported, "whether this CPU runs f32_linear (AVX-512)");
   m.def("w8_linear", &w8_linear, "int8 weights (interleaved) x fp32 activations, exact");
   m.def("w4_linear", &w4_linear, "int4 weights (split, interleaved) x fp32 activations, exact");

@@ -1,14 +1,14 @@
-// fp32 x fp32 linear for a few rows (decode): f32_linear(x [M, K], w [N, K], bias?) -> [M, N];
+// fp32 x fp32 linear for decode rows: f32_linear(x [M, K], w [N, K], bias?) -> [M, N];
 // w may be bf16 too (bf16_linear): widened to fp32 in registers, exactly, so a bf16-stored
 // weight (a quantized folder's LM head) is read at half the bytes for the same products.
 //
 // A decode step's matmuls read each weight once, so they run at the speed the weights
 // stream from memory. MKL's sgemv reaches ~13 GB/s on one core here; these tiles (4 weight
-// rows x up to 4 activation rows, each weight row's next lines prefetched) reach a few
-// percent more, which is most of the gap between a decode step and its peers' (numbers in
-// docs/benchmarks.md). The weights stay in their row-major layout (the one MKL's GEMM
-// takes for many rows). Sums are vectorized (16 lanes, then reduced): rounding differs
-// from MKL's as any two kernels' do.
+// rows x up to 4 activation rows, each weight row's next lines prefetched) match it for one
+// row and beat MKL / oneDNN for 2-64 rows, each tile of weight rows read once and reused
+// from L1 for every 4 activation rows (numbers in docs/benchmarks.md). The weights stay in
+// their row-major layout (the one MKL's GEMM takes for prefill). Sums are vectorized (16
+// lanes, then reduced): rounding differs from MKL's as any two kernels' do.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -54,11 +54,24 @@ void f32_tile(const float* x, const W* w, float* y, int64_t N, int64_t K) {
     for (int j = 0; j < NB; ++j) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-template <int MB, typename W>
-void f32_rows(const float* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+// every activation row against weight rows n0..n1: each tile of 4 weight rows is read once
+// (from memory) and kept in L1 for every tile of up to 4 activation rows
+template <typename W>
+void f32_all_rows(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  auto rows = [&](auto nb, int64_t n) {
+    constexpr int NB = decltype(nb)::value;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) f32_tile<4, NB>(x + m * K, w + n * K, y + m * N + n, N, K);
+    switch (M - m) {
+      case 1: f32_tile<1, NB>(x + m * K, w + n * K, y + m * N + n, N, K); break;
+      case 2: f32_tile<2, NB>(x + m * K, w + n * K, y + m * N + n, N, K); break;
+      case 3: f32_tile<3, NB>(x + m * K, w + n * K, y + m * N + n, N, K); break;
+      default: break;
+    }
+  };
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) f32_tile<MB, 4>(x, w + n * K, y + n, N, K);
-  for (; n < n1; ++n) f32_tile<MB, 1>(x, w + n * K, y + n, N, K);
+  for (; n + 4 <= n1; n += 4) rows(std::integral_constant<int, 4>(), n);
+  for (; n < n1; ++n) rows(std::integral_constant<int, 1>(), n);
 }
 
 template <typename W>
@@ -67,20 +80,13 @@ torch::Tensor linear_rows(const torch::Tensor& x, const torch::Tensor& w, const 
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous() && w.is_contiguous()
               && x.device().is_cpu() && w.device().is_cpu(), "f32_linear: contiguous fp32 CPU x, contiguous w");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(w.size(1) == K && K % 16 == 0 && M <= 4, "f32_linear: w [N, K], K % 16 == 0, M <= 4");
+  TORCH_CHECK(w.size(1) == K && K % 16 == 0, "f32_linear: w [N, K], K % 16 == 0");
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   const W* wp = w.data_ptr<W>();
   float* yp = y.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(16, N / (4 * at::get_num_threads()));
-  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    switch (M) {
-      case 1: f32_rows<1>(xp, wp, yp, N, K, n0, n1); break;
-      case 2: f32_rows<2>(xp, wp, yp, N, K, n0, n1); break;
-      case 3: f32_rows<3>(xp, wp, yp, N, K, n0, n1); break;
-      default: f32_rows<4>(xp, wp, yp, N, K, n0, n1); break;
-    }
-  });
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { f32_all_rows(xp, wp, yp, M, N, K, n0, n1); });
   return bias.has_value() ? y.add_(*bias) : y;
 }
 

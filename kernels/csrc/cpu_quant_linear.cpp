@@ -103,17 +103,17 @@ void w4_tile(const float* x, const uint8_t* q, const at::Half* s, const uint8_t*
     for (int j = 0; j < NB; ++j) y[i * N + j] = _mm512_reduce_add_ps(tot[i][j]);
 }
 
-// Rows n0..n1 (multiples of NB) of the output for every activation row: tiles of MB x NB,
-// MB = 4 while that many activation rows are left, then 2, then 1.
+// Rows n0..n1 (multiples of NB) of the output for every activation row: each tile of NB
+// weight rows is read once (from memory) and reused from L1 by tiles of MB activation rows,
+// MB = 4 while that many are left, then 2, then 1.
 template <typename Tile>
 void sweep(int64_t M, int64_t n0, int64_t n1, Tile tile) {
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4)
-    for (int64_t n = n0; n < n1; n += NB) tile(std::integral_constant<int, 4>(), m, n);
-  for (; m + 2 <= M; m += 2)
-    for (int64_t n = n0; n < n1; n += NB) tile(std::integral_constant<int, 2>(), m, n);
-  for (; m < M; ++m)
-    for (int64_t n = n0; n < n1; n += NB) tile(std::integral_constant<int, 1>(), m, n);
+  for (int64_t n = n0; n < n1; n += NB) {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) tile(std::integral_constant<int, 4>(), m, n);
+    for (; m + 2 <= M; m += 2) tile(std::integral_constant<int, 2>(), m, n);
+    for (; m < M; ++m) tile(std::integral_constant<int, 1>(), m, n);
+  }
 }
 
 void w8_rows_scalar(const float* x, const int8_t* q, const float* s, float* y, int64_t M, int64_t N,
