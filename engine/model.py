@@ -24,11 +24,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from inflight.engine.cpu_forward import forward_hidden_cpu
 from inflight.engine.model_config import SUPPORTED_ARCHS, ModelConfig  # noqa: F401 (re-exported)
 from inflight.engine.model_weights import FusedLayerWeights, load_tensors, load_weights  # noqa: F401
-from inflight.engine.quant.linear import dense_linear
+from inflight.engine.quant.linear import F32_KERNEL_MAX_ROWS, dense_linear
 from inflight.engine.rope import rope_cos_sin_table
 from inflight.kernels.activation import gelu_tanh_and_mul_ref
+from inflight.kernels.cpu_native import native
+from inflight.kernels.cpu_ops import cpu_ops
 from inflight.kernels.kv_quant import SCALE_DTYPE, cache_bytes_per_token_head, is_quantized
 from inflight.kernels.ops import KernelOps
 
@@ -63,6 +66,9 @@ class DecoderModel:
         w = load_weights(cfg, tensors, dtype, self.device, ops.name, folder)
         del tensors
         self.embed, self.norm, self.lm_head, self.layers = w.embed, w.norm, w.lm_head, w.layers
+        # (a CPU-only copy: on CUDA lm_head16 is None and the kernels are never built)
+        self.lm_head16 = (w.lm_head16 if w.lm_head16 is not None and native() is not None
+                          and native().f32_linear_supported() else None)
         self.embed_scale = (None if cfg.embed_scale is None else
                             torch.tensor(cfg.embed_scale, dtype=dtype, device=self.device))
         tables = {spec: rope_cos_sin_table(spec, cfg.head_dim, cfg.max_position_embeddings,
@@ -76,6 +82,9 @@ class DecoderModel:
         self.act = ops.silu_and_mul if cfg.activation == "silu" else gelu_tanh_and_mul_ref
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        # the torch kernels on a CPU take the CPU forward (engine/cpu_forward.py): the same
+        # math with the step's invariants planned once per forward; CUDA never does
+        self.cpu_ops = cpu_ops() if self.device.type == "cpu" and ops.name == "torch" else None
 
     def read_checkpoint(self, folder: pathlib.Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         """The config the forward runs and the checkpoint's tensors (a tensor-parallel rank:
@@ -108,7 +117,10 @@ class DecoderModel:
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final hidden states [R, hidden] -> fp32 logits [R, vocab]."""
-        logits = dense_linear(h, self.lm_head)  # oneDNN for a verification's few rows on CPU
+        if self.lm_head16 is not None and h.shape[0] <= F32_KERNEL_MAX_ROWS:
+            logits = native().bf16_linear(h.contiguous(), self.lm_head16, None)  # a decode's rows
+        else:
+            logits = dense_linear(h, self.lm_head)  # oneDNN for a verification's few rows on CPU
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -123,6 +135,8 @@ class DecoderModel:
                        rows: torch.Tensor) -> torch.Tensor:
         """input_ids/positions [T] -> final-normed hidden states of `rows` [len(rows), hidden]
         (the LM head is left to the caller: prompt logprobs take it in pieces)."""
+        if self.cpu_ops is not None:
+            return forward_hidden_cpu(self, self.cpu_ops, input_ids, positions, meta, kv_caches, rows)
         c, ops = self.config, self.ops
         eps = c.rms_norm_eps
         T = input_ids.shape[0]

@@ -49,6 +49,10 @@ class ModelWeights:
     norm: torch.Tensor
     lm_head: torch.Tensor
     layers: list[FusedLayerWeights]
+    # the LM head as stored in bf16, when an fp32 model on the CPU holds it upcast (a
+    # quantized folder's head): its values are bf16's, so reading these 2 bytes a weight
+    # and widening them in registers computes the same logits (engine/model.py)
+    lm_head16: torch.Tensor | None = None
 
 
 def load_tensors(folder: pathlib.Path) -> dict[str, torch.Tensor]:
@@ -124,8 +128,12 @@ def load_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], dtype: torch.dtyp
         layers.append(layer)
     embed = take("embed_tokens.weight")
     lm_head = None if cfg.tie_word_embeddings else take("lm_head.weight", required=False)
+    head_name = "embed_tokens.weight" if lm_head is None else "lm_head.weight"
+    raw_head = stored(head_name)
+    head16 = (raw_head.contiguous() if device.type == "cpu" and dtype == torch.float32
+              and raw_head.dtype == torch.bfloat16 else None)
     return ModelWeights(embed=embed, norm=norm("norm.weight"),
-                        lm_head=embed if lm_head is None else lm_head, layers=layers)
+                        lm_head=embed if lm_head is None else lm_head, layers=layers, lm_head16=head16)
 
 
 def _declared_biases(cfg: ModelConfig) -> tuple[str, ...]:

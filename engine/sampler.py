@@ -42,10 +42,17 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
     return torch.empty_like(logits).scatter_(-1, idx, sorted_logits)
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim (the first maximal index, as argmax). NOTE: on CPU torch's
+    argmax over many rows runs ~4x slower than max's indices (7 vs 1.7 ms for 64 x 49152,
+    one thread), which return the same first maximal index; CUDA keeps argmax."""
+    return x.max(dim=-1).indices if x.device.type == "cpu" else x.argmax(dim=-1)
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch,
            default_generator: torch.Generator | None = None) -> torch.Tensor:
     """logits [S, V] fp32 -> token ids [S] int64."""
-    greedy = logits.argmax(dim=-1)
+    greedy = argmax_rows(logits)
     if batch.all_greedy:
         return greedy
     temp = batch.temperature
@@ -59,5 +66,5 @@ def sample(logits: torch.Tensor, batch: SamplingBatch,
     for row, gen in enumerate(batch.generators):
         if gen is not None:
             race[row].exponential_(generator=gen)
-    sampled = (probs / race).argmax(dim=-1)
+    sampled = argmax_rows(probs / race)
     return torch.where(is_greedy, greedy, sampled)

@@ -9,7 +9,10 @@ How a quantized layer computes depends on the kernel backend:
 - triton: the W8A16 / W4A16 kernels (kernels/triton_quant_matmul.py) on the stored layout;
 - torch on CPU with 16-bit activations: torch's packed int matmuls for few rows (decode),
   dequantize-on-the-fly + dense matmul above the measured crossover (kernels/quant_cpu.py);
-- torch otherwise (fp32 activations, CUDA with INFLIGHT_KERNELS=torch): dequantize-on-the-fly.
+- torch on CPU with fp32 activations: the project's exact int8 / int4 kernels (repacked
+  copy, kernels/quant_cpu.py) up to their measured crossover, dequantize-on-the-fly beyond
+  (and everywhere when they cannot be built here);
+- torch otherwise (CUDA with INFLIGHT_KERNELS=torch): dequantize-on-the-fly.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from inflight.engine.quant.config import QuantConfig
+from inflight.kernels.cpu_native import native
 from inflight.kernels.quant import dequantize_w4_grouped, dequantize_w8, num_groups
 from inflight.kernels.quant_cpu import (INT4_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS, PACKED_DTYPES,
-                               Int4PackedCPU, aligned, w8a16_matmul_cpu)
+                                       W4_KERNEL_MAX_ROWS, W8_KERNEL_MAX_ROWS, Int4PackedCPU,
+                                       W4PackedCPU, W8PackedCPU, aligned, fits, w8a16_matmul_cpu)
 from inflight.engine.errors import ModelError
 
 Take = Callable[[str, bool], "torch.Tensor | None"]  # (name, required) -> stored tensor
@@ -45,6 +50,22 @@ ONEDNN_MIN_BYTES = 3 << 20
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+# NOTE: for 1 to F32_KERNEL_MAX_ROWS rows on CPU in fp32 (decode steps, verifications) the
+# project's kernel (kernels/csrc/cpu_dense_linear.cpp) beats both: as fast as MKL for one
+# row on one thread, faster from 2 rows on (each tile of 4 weight rows is read once and kept
+# in L1 for every 4 rows of activations), and with two threads far faster than MKL's
+# threaded GEMV, whose threads wait on each other through every small product
+# (benchmarks/cpu_kernels.py; docs/benchmarks.md). Prefill chunks (more rows) keep
+# oneDNN / MKL, whose GEMMs are the faster ones there.
+F32_KERNEL_MAX_ROWS = 64
+
+
+def takes_f32_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= F32_KERNEL_MAX_ROWS
+            and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.shape[1] % 16 == 0
+            and weight.is_contiguous() and native() is not None and native().f32_linear_supported())
+
+
 def takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Does x @ weight.T go through oneDNN (the NOTE above)?"""
     return (_ONEDNN and x.dim() == 2 and ONEDNN_ROWS[0] <= x.shape[0] <= ONEDNN_ROWS[1]
@@ -53,7 +74,10 @@ def takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear of an [N, K] weight; a few rows on CPU in fp32 through oneDNN (NOTE above)."""
+    """F.linear of an [N, K] weight; a few rows on CPU in fp32 through the project's kernel
+    or oneDNN (NOTEs above)."""
+    if takes_f32_kernel(x, weight):
+        return native().f32_linear(x.contiguous(), weight, bias)
     if takes_onednn(x, weight):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -79,12 +103,18 @@ class W8Linear:
                            and dtype in PACKED_DTYPES else None)
         if self.cpu_scales is not None:
             self.qweight = aligned(qweight)
+        # NOTE: a second copy (the kernels' layout) beside the stored one, which the
+        # dequantizing path for many rows reads
+        self.cpu_fp32 = (W8PackedCPU.from_w8(qweight, scales) if _fp32_kernels(self, qweight.shape)
+                         else None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.triton:
             from inflight.kernels.triton_quant_matmul import w8a16_matmul_triton
 
             return w8a16_matmul_triton(x, self.qweight, self.scales, self.bias)
+        if self.cpu_fp32 is not None and x.shape[0] <= W8_KERNEL_MAX_ROWS:
+            return self.cpu_fp32.matmul(x, self.bias)
         if self.cpu_scales is not None and x.shape[0] <= INT8_PACKED_MAX_ROWS:
             return w8a16_matmul_cpu(x, self.qweight, self.cpu_scales, self.bias)
         return F.linear(x, dequantize_w8(self.qweight, self.scales, x.dtype), self.bias)
@@ -108,6 +138,8 @@ class W4Linear:
                            if not self.triton and qweight.device.type == "cpu"
                            and dtype in PACKED_DTYPES and Int4PackedCPU.supports(n, group_size)
                            else None)
+        self.cpu_fp32 = (W4PackedCPU.from_w4(qweight, scales, zeros, group_size)
+                         if _fp32_kernels(self, (n, 2 * qweight.shape[1]), group_size) else None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.triton:
@@ -115,6 +147,8 @@ class W4Linear:
 
             return w4a16_matmul_triton(x, self.qweight, self.scales, self.zeros, self.group_size,
                                        self.bias)
+        if self.cpu_fp32 is not None and x.shape[0] <= W4_KERNEL_MAX_ROWS:
+            return self.cpu_fp32.matmul(x, self.bias)
         if self.cpu_packed is not None and x.shape[0] <= INT4_PACKED_MAX_ROWS:
             return self.cpu_packed.matmul(x, self.bias)
         return F.linear(x, self.dequantized(x.dtype), self.bias)
@@ -122,6 +156,13 @@ class W4Linear:
     def dequantized(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         return dequantize_w4_grouped(self.qweight, self.scales, self.zeros, self.group_size,
                                      dtype or self.dtype)
+
+
+def _fp32_kernels(layer, shape: tuple[int, int], group_size: int | None = None) -> bool:
+    """Does this layer take the exact fp32 int8/int4 kernels (torch backend, CPU, fp32
+    activations, a shape they take, and they build here)?"""
+    return (not layer.triton and layer.qweight.device.type == "cpu" and layer.dtype == torch.float32
+            and fits(*shape, group_size) and native() is not None)
 
 
 def _cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
