@@ -30,6 +30,7 @@ from inflight.consumers.recorder_source import recorder_source
 from inflight.schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent,
                      decode_request, decode_result)
 from inflight.schemas.errors import StoreError
+from inflight.schemas.headers import trace_id
 from inflight.store import Store, error_row, final_row, queued_row, running_row, stand_in_rows
 from inflight.store.queries import is_transient
 from inflight.store.rows import clean_row
@@ -103,10 +104,14 @@ class Recorder:
         offsets = {}
         n = 0
         for tp, records in batch.items():
-            for offset, value in records:
+            for offset, value, headers in records:
                 n += 1
                 try:
                     row = self._row(tp.topic, value)
+                    if row is not None and headers:
+                        tid = trace_id(headers)
+                        if tid is not None:
+                            row["trace_id"] = tid
                 except Exception as exc:  # noqa: BLE001 — one record never stops the others
                     # NOTE: a message that passed validation but still cannot become a row
                     # must not crash the recorder at every restart (a poison pill)

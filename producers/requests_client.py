@@ -33,6 +33,8 @@ from inflight.schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, 
 from inflight.schemas.cancel import batch_cancel, request_cancel
 from inflight.schemas.codec import schema_error
 from inflight.schemas.errors import BrokerError, CapacityError, InflightError
+from inflight.schemas.headers import (TRACEPARENT, Headers, get_header, header_key,
+                                      header_value, message_headers, new_traceparent)
 from inflight.transport.kafka_clients import producer
 
 from inflight.producers.models_client import ModelsClient
@@ -89,6 +91,22 @@ def build_request(item: Any, params: SamplingParams | Mapping | None = None, *,
     except ValidationError as exc:  # one SchemaError naming the first bad field
         raise schema_error(exc, raw=None, request_id=fields.get("request_id"),
                            model=InferenceRequest) from None
+
+
+def request_headers(req: InferenceRequest, extra: Headers | None = None) -> Headers:
+    """The record headers of a request (schemas/headers.py): content-type, schema-version,
+    its id and tenant, then `extra` as given; a `traceparent` is started when `extra` has
+    none (the request's own trace: every event of it carries the same one)."""
+    out = message_headers(req.request_id, _tenant(req))
+    extra = [(header_key(k), header_value(v)) for k, v in (extra or ())]
+    if get_header(extra, TRACEPARENT) is None:
+        extra.append((TRACEPARENT, new_traceparent()))
+    return out + [(k, v) for k, v in extra if k not in dict(out)]
+
+
+def _tenant(req: InferenceRequest) -> str | None:
+    tenant = getattr(req, "tenant", None)  # the wire's tenant field, where it exists
+    return tenant if isinstance(tenant, str) else None
 
 
 class RequestsClient:
@@ -159,31 +177,35 @@ class RequestsClient:
                priority: int = PRIORITY_INTERACTIVE, metadata: Mapping | None = None,
                batch_id: str | None = None, flush: bool = True, tools: list | None = None,
                tool_choice: Any = None, model: str | None = None,
-               allow_unserved: bool = False) -> str:
+               allow_unserved: bool = False, headers: Headers | None = None) -> str:
         """Publish one request; returns its request_id (a given one is kept).
         `params` may constrain the output (`{"structured_outputs": {"json": SCHEMA}}`, or
         SamplingParams(structured_outputs=...)); `tools` / `tool_choice` (OpenAI's, with
         `messages`) make the answer's tool calls come back on the result (`tool_calls`).
         `model`: the model to run it (None: the default model); a model no live worker
         serves is a ModelNotFoundError, unless `allow_unserved` (it waits in its topic for
-        workers that start later)."""
+        workers that start later). `headers`: extra record headers (`traceparent` /
+        `tracestate` of the caller's trace; any other is copied onto the request's events)."""
         req = build_request(messages if messages is not None else prompt, params,
                             request_id=request_id, priority=priority, metadata=metadata,
                             batch_id=batch_id, tools=tools, tool_choice=tool_choice,
                             model=model)
-        self._publish(*self.routed(req, allow_unserved))
+        self._publish(*self.routed(req, allow_unserved), headers=headers)
         if flush:
             self.flush()
         return req.request_id
 
-    def _publish(self, req: InferenceRequest, topic: str) -> None:
-        self.send(req, topic)
+    def _publish(self, req: InferenceRequest, topic: str, headers: Headers | None = None) -> None:
+        self.send(req, topic, headers=headers)
         self._submitted[req.request_id] = req.submitted_at
 
-    def send(self, req: InferenceRequest, topic: str | None = None) -> FutureRecordMetadata:
+    def send(self, req: InferenceRequest, topic: str | None = None, *,
+             headers: Headers | None = None) -> FutureRecordMetadata:
         """Publish one request (already routed: `routed`) to `topic` (None: its model's,
         `topic_for`) without flushing or remembering it (long-running servers); returns
-        kafka-python's future, done when Kafka acknowledged the record."""
+        kafka-python's future, done when Kafka acknowledged the record. `headers`: extra
+        record headers (a `traceparent` of the caller's trace; others are copied onto the
+        request's events unchanged); see `request_headers`."""
         value = encode(req)
         if len(value) > self.settings.kafka_max_message_bytes:
             raise SchemaError(f"request {req.request_id} is {len(value)} bytes, over the limit "
@@ -192,7 +214,7 @@ class RequestsClient:
                               request_id=req.request_id, code="message_too_large")
         try:
             return self.producer.send(topic or self.topic_for(req), key=req.request_id.encode(),
-                                      value=value)
+                                      value=value, headers=request_headers(req, headers))
         except KafkaError as exc:
             raise BrokerError(f"publishing {req.request_id} failed: {exc}") from exc
 
@@ -240,7 +262,8 @@ class RequestsClient:
         try:
             for rid in request_ids:
                 key, value = request_cancel(rid)
-                self.producer.send(self.settings.topic_cancel, key=key, value=value)
+                self.producer.send(self.settings.topic_cancel, key=key, value=value,
+                                   headers=message_headers(rid))
                 n += 1
         except KafkaError as exc:
             raise BrokerError(f"publishing cancels failed: {exc}") from exc
@@ -253,7 +276,8 @@ class RequestsClient:
         the batch itself to `cancelling` and sends this."""
         key, value = batch_cancel(batch_id)
         try:
-            self.producer.send(self.settings.topic_cancel, key=key, value=value)
+            self.producer.send(self.settings.topic_cancel, key=key, value=value,
+                               headers=message_headers())
         except KafkaError as exc:
             raise BrokerError(f"publishing the cancel of batch {batch_id} failed: {exc}") from exc
         self.flush()
@@ -264,7 +288,9 @@ class RequestsClient:
         n = 0
         try:
             for rid, value in items:
-                self.producer.send(topic, key=rid.encode(), value=value)
+                self.producer.send(topic, key=rid.encode(), value=value,
+                                   headers=message_headers(rid) + [(TRACEPARENT,
+                                                                    new_traceparent())])
                 n += 1
         except KafkaError as exc:
             raise BrokerError(f"publishing to {topic} failed: {exc}") from exc

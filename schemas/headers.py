@@ -9,7 +9,7 @@ headers travel onto every event of that request (docs/kafka-contract.md, "Header
     tracestate            carried one (the Client and the API start one when none is given)
 
 A request's events (status, token deltas, final, error, reply_to copies) carry the request's
-headers: the four of ours above set from the event, every other header -- traceparent,
+headers: ours above set from the event, every other header -- traceparent,
 tracestate, and any header of a foreign producer -- copied unchanged, in order. A header
 that is not ours is never read as one of ours (a foreign `inflight-tenant` is copied, not
 taken for the tenant; a malformed traceparent is copied, and no trace id is read from it).
@@ -32,8 +32,9 @@ TRACESTATE = "tracestate"
 JSON = b"application/json"
 VERSION = str(SCHEMA_VERSION).encode()
 
-# set from the event on every event of a request; everything else is copied
-OURS = frozenset({CONTENT_TYPE, SCHEMA_VERSION_HEADER, REQUEST_ID, TENANT})
+# set from the event on every event of a request (inflight-tenant only when the request
+# names a tenant: else a producer's header of that name is copied like any other)
+OURS = frozenset({CONTENT_TYPE, SCHEMA_VERSION_HEADER, REQUEST_ID})
 
 Headers = list[tuple[str, bytes]]
 
@@ -76,7 +77,7 @@ def event_headers(request_headers: list | None, request_id: str | None,
     out = message_headers(request_id, tenant)
     for key, value in request_headers or ():
         key = header_key(key)
-        if key in OURS:
+        if key in OURS or (key == TENANT and tenant is not None):
             continue
         out.append((key, header_value(value)))
     return out
