@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from inflight.consumers import event_bytes
+from inflight.consumers import event_bytes, request_spans
 from inflight.consumers.dlq import dlq_headers, dlq_value
 from inflight.consumers.engine_bridge import LogprobShaper
 from inflight.consumers.engine_metrics import EngineMetrics
@@ -53,6 +53,7 @@ from inflight.schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, Sett
 from inflight.schemas.headers import event_headers
 from inflight.schemas.tools import parse_tool_calls
 from inflight.transport.partitioner import key_hash, partition_of
+from inflight.transport import tracing
 from inflight.transport.results_producer import ResultsProducer
 
 if TYPE_CHECKING:
@@ -116,6 +117,8 @@ class EventPublisher:
         self.streams: dict[str, _Stream] = {}        # by attempt
         self.tracked = TrackedSends(settled, worker=worker, metrics=metrics,
                                     max_bytes=settings.kafka_max_message_bytes)
+        # OpenTelemetry (transport/tracing.py): None while off, so nothing is traced
+        self.tracer = tracing.tracer(settings, "inflight.worker")
         self._dirty: list[_Stream] = []
         self._token_events = 0
         self._num_partitions: dict[str, int] = {}
@@ -386,9 +389,12 @@ class EventPublisher:
             self._engine_error(st, ERR_INTERNAL, f"the final event could not be encoded: {exc}")
             return
         self.metrics.inc("cancelled" if out.finish_reason == "abort" else "completed")
+        spans = None if self.tracer is None else request_spans.finished(
+            self.tracer, st.headers, job, out, worker=self.worker, model=self.model,
+            topic=self.topic_results)
         self.tracked.track(Ending(job.ticket, job.request_id, job.attempt, job.batch_id,
                                   self._finals(st.key, value, st.headers, st.hash,
-                                               st.reply_to)))
+                                               st.reply_to), spans))
 
     def _engine_error(self, st: _Stream, code: str, message: str) -> None:
         """The engine failed the request: input problems go to the DLQ, its own do not."""
@@ -417,7 +423,11 @@ class EventPublisher:
             self.metrics.inc("dlq")
         self.metrics.inc("failed")
         log.info("rejected %s (%s): %s", r.request_id or "<no id>", r.code, r.message[:500])
-        self.tracked.track(Ending(r.ticket, r.request_id, r.attempt, r.batch_id, messages))
+        spans = None if self.tracer is None or r.request_id is None else (
+            request_spans.ended_without_running(
+                self.tracer, r.headers, r.request_id, r.attempt, code=r.code, message=r.message,
+                worker=self.worker, topic=self.topic_results))
+        self.tracked.track(Ending(r.ticket, r.request_id, r.attempt, r.batch_id, messages, spans))
 
     def _aborted(self, a: Aborted) -> None:
         key = a.request_id.encode()
@@ -426,10 +436,13 @@ class EventPublisher:
                                         queued_at=a.queued_at, now=time.time(),
                                         model=self.model)
         self.metrics.inc("cancelled")
+        spans = None if self.tracer is None else request_spans.ended_without_running(
+            self.tracer, a.headers, a.request_id, a.attempt, code="cancelled",
+            message="cancelled before it ran", worker=self.worker, topic=self.topic_results)
         self.tracked.track(Ending(a.ticket, a.request_id, a.attempt, a.batch_id,
                                   self._finals(key, value,
                                                event_headers(a.headers, a.request_id, a.tenant),
-                                               key_hash(key), a.reply_to)))
+                                               key_hash(key), a.reply_to), spans))
 
     def _finals(self, key: bytes, value: bytes, headers: list[tuple[str, bytes]], h: int,
                 reply_to: str | None) -> list[Message]:

@@ -33,8 +33,9 @@ from inflight.schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, 
 from inflight.schemas.cancel import batch_cancel, request_cancel
 from inflight.schemas.codec import schema_error
 from inflight.schemas.errors import BrokerError, CapacityError, InflightError
-from inflight.schemas.headers import (TRACEPARENT, Headers, get_header, header_key,
+from inflight.schemas.headers import (TRACEPARENT, TRACESTATE, Headers, get_header, header_key,
                                       header_value, message_headers, new_traceparent)
+from inflight.transport import tracing
 from inflight.transport.kafka_clients import producer
 
 from inflight.producers.models_client import ModelsClient
@@ -127,6 +128,7 @@ class RequestsClient:
         self._submitted: dict[str, float] = {}
         self._reader = reader
         self._own_reader = reader is None
+        self.tracer = tracing.tracer(settings, "inflight.client")  # None: tracing is off
 
     # -- connections ----------------------------------------------------------------------
     @property
@@ -212,11 +214,35 @@ class RequestsClient:
                               f"of {self.settings.kafka_max_message_bytes} "
                               "(INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten the prompt",
                               request_id=req.request_id, code="message_too_large")
+        topic = topic or self.topic_for(req)
+        if self.tracer is not None:
+            return self._send_traced(req, topic, value, headers)
+        return self._send(req, topic, value, request_headers(req, headers))
+
+    def _send(self, req: InferenceRequest, topic: str, value: bytes,
+              headers: Headers) -> FutureRecordMetadata:
         try:
-            return self.producer.send(topic or self.topic_for(req), key=req.request_id.encode(),
-                                      value=value, headers=request_headers(req, headers))
+            return self.producer.send(topic, key=req.request_id.encode(), value=value,
+                                      headers=headers)
         except KafkaError as exc:
             raise BrokerError(f"publishing {req.request_id} failed: {exc}") from exc
+
+    def _send_traced(self, req: InferenceRequest, topic: str, value: bytes,
+                     headers: Headers | None) -> FutureRecordMetadata:
+        """send() with tracing on: an `inflight.submit` span, a child of the caller's
+        traceparent header (else of the current span: the API's request), whose context
+        becomes the request's traceparent (transport/tracing.py)."""
+        from opentelemetry.trace import SpanKind
+
+        given = [(header_key(k), header_value(v)) for k, v in (headers or ())]
+        parent = tracing.context_from(given) if get_header(given, TRACEPARENT) else None
+        with self.tracer.start_as_current_span(
+                "inflight.submit", context=parent, kind=SpanKind.PRODUCER,
+                attributes={"messaging.system": "kafka", "messaging.destination.name": topic,
+                            "messaging.operation.type": "send",
+                            "inflight.request_id": req.request_id}):
+            own = [(k, v) for k, v in given if k not in (TRACEPARENT, TRACESTATE)]
+            return self._send(req, topic, value, request_headers(req, own + tracing.inject()))
 
     def flush(self, timeout: float | None = 30) -> None:
         if self._producer is not None:
