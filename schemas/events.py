@@ -28,6 +28,8 @@ from inflight.schemas.tools import ToolCall
 # A request for a model the worker that read it does not serve (written to another model's
 # topic): it never runs on the wrong weights (transport/model_topics.py).
 ERR_MODEL_NOT_FOUND = "model_not_found"
+# A request whose reply_to topic does not exist or is not allowed (INFLIGHT_REPLY_TO_PATTERN)
+ERR_REPLY_TO_REFUSED = "reply_to_refused"
 
 # Engine finish reasons, as vLLM spells them.
 FinishReason = Literal["stop", "length", "abort", "error"]
