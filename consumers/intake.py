@@ -49,7 +49,7 @@ from inflight.consumers.thread_messages import (Aborted, Admitted, HandBack, Par
 from inflight.consumers.watermark_commits import WatermarkCommits
 from inflight.schemas import SchemaError, Settings, decode_request
 from inflight.schemas.base import ID_RE
-from inflight.schemas.events import ERR_MODEL_NOT_FOUND
+from inflight.schemas.events import ERR_MODEL_NOT_FOUND, ERR_WRONG_MODEL_KIND
 
 log = logging.getLogger("inflight.worker")
 
@@ -253,6 +253,10 @@ class Intake:
                          self.serving.refusal(req.model, tp.topic), "model", req.batch_id,
                          model=req.model)
             return
+        if req.kind != self.serving.kind:  # an embedding request to a generation model, or the reverse
+            self._reject(tp, rec, rid, ERR_WRONG_MODEL_KIND, self.serving.kind_refusal(req.kind),
+                         "kind", req.batch_id, model=req.model)
+            return
         job = self.by_id.get(rid)
         if job is not None or rid in self.recent:
             # Same id again: one run. A running (or unacknowledged) twin settles this
@@ -285,7 +289,8 @@ class Intake:
             key=rec.key, tools=uses_tools))
         self.engine.add(attempt, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                         params=params, priority=req.priority, messages=messages,
-                        arrival_time=now, **extra)
+                        arrival_time=now, **extra,
+                        **({"dimensions": req.dimensions} if req.dimensions is not None else {}))
         self.metrics.inc("admitted")
         if self.engine_metrics is not None:
             self.engine_metrics.observe_queue_time(now - req.submitted_at)

@@ -66,7 +66,10 @@ def is_embedding_model(folder: str | pathlib.Path) -> bool:
 @dataclass(slots=True)
 class EmbeddingOutput:
     """One request's final result: `embedding` (float32 [dim], None on error), or
-    finish_reason "error" / "abort" with `error` and `error_code`."""
+    finish_reason "error" / "abort" with `error` and `error_code`.
+
+    It reads like a final `RequestOutput` (no tokens, no text) so that the worker's
+    publisher and metrics take it as they take a generation's end."""
 
     request_id: str
     embedding: np.ndarray | None
@@ -77,6 +80,15 @@ class EmbeddingOutput:
     arrival_time: float = 0.0
     finish_time: float = 0.0
     finished: bool = True
+    new_token_ids: tuple = ()
+    token_ids: tuple = ()
+    text_delta: str = ""
+    text: str = ""
+    num_cached_tokens: int = 0
+    first_token_time: float | None = None
+    stop_reason: str | None = None
+    logprobs: None = None
+    prompt_logprobs: None = None
 
 
 @dataclass
@@ -88,7 +100,7 @@ class _Embedding:
 
 
 class EmbeddingEngine:
-    PRIORITY_DEFAULT = 0
+    kind = "embed"  # what a worker serving it announces (schemas/registry.py)
 
     def __init__(self, config: EngineConfig, *, pooling_mode: str | None = None,
                  normalize: bool | None = None):
@@ -160,21 +172,29 @@ class EmbeddingEngine:
         texts = [prefix + t for t in texts] if prefix else list(texts)
         return [e.ids for e in self.hf.encode_batch(texts)]
 
-    def add_request(self, request_id: str, text: str | None = None,
-                    token_ids: Sequence[int] | None = None, *, dimensions: int | None = None,
-                    priority: int = 0, prompt_name: str | None = None,
-                    arrival_time: float | None = None) -> None:
-        """Queue one input (a text, or token ids used as given). Problems with the input
-        itself come back as an error output at the next step, never as an exception."""
+    def add_request(self, request_id: str, prompt: str | None = None,
+                    prompt_token_ids: Sequence[int] | None = None, params: object = None,
+                    priority: int = 0, *, dimensions: int | None = None,
+                    prompt_name: str | None = None, arrival_time: float | None = None,
+                    messages: Sequence[dict] | None = None, **_: object) -> None:
+        """Queue one input: a text `prompt` (cut at max_seq_length, with the model's
+        prompt prefix), or `prompt_token_ids` used as given. The generation engine's
+        signature (the worker calls both alike): `params` has nothing to say here, and
+        chat `messages` are refused. Problems with the input itself come back as an error
+        output at the next step, never as an exception."""
         if request_id in self.requests:
             raise EmbeddingError(f"request id {request_id!r} is already active in this engine")
         error = None
         ids: list[int] = []
+        token_ids = prompt_token_ids
         try:
-            if token_ids is not None:
+            if messages is not None:
+                error = (ERR_INVALID_REQUEST, "an embedding model embeds a text or token ids, "
+                                              "not chat messages")
+            elif token_ids is not None:
                 ids = list(token_ids)
-            elif text:
-                ids = self.tokenize([text], prompt_name)[0]
+            elif prompt:
+                ids = self.tokenize([prompt], prompt_name)[0]
         except InflightError as exc:
             error = (ERR_INVALID_REQUEST, str(exc))
         req = Request(request_id, ids, self._params, priority, arrival_time=arrival_time or time.time(),
@@ -338,18 +358,25 @@ class EmbeddingEngine:
                 # a text already cut (as add_request would): ids with the text's own limits
                 tok = next(encoded)
                 if x:
-                    self.add_request(rid, token_ids=tok, dimensions=dimensions)
+                    self.add_request(rid, prompt_token_ids=tok, dimensions=dimensions)
                 else:
-                    self.add_request(rid, text="", dimensions=dimensions)
+                    self.add_request(rid, prompt="", dimensions=dimensions)
             else:
-                self.add_request(rid, token_ids=list(x), dimensions=dimensions)
+                self.add_request(rid, prompt_token_ids=list(x), dimensions=dimensions)
         finals: dict[str, EmbeddingOutput] = {}
         while len(finals) < len(ids):
             for out in self.step():
                 finals[out.request_id] = out
         return [finals[i] for i in ids]
 
+    @property
+    def max_model_len(self) -> int:
+        return self.max_seq_length
+
     def stats(self) -> dict:
+        """The generation engine's gauges' names where they mean the same."""
+        used = self.kv.pool.num_used_blocks
         return {"num_steps": self.num_steps, "num_tokens": self.num_tokens,
+                "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
-                "kv_free_blocks": self.kv.pool.num_free_blocks if hasattr(self.kv.pool, "num_free_blocks") else None}
+                "kv_blocks_used": used, "kv_blocks_total": self.num_kv_blocks}
