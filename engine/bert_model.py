@@ -159,40 +159,38 @@ class BertEncoder:
             h = F.layer_norm(h + F.linear(x, layer.out_w, layer.out_b), (H,), layer.ln2_w, layer.ln2_b, eps)
         return h
 
-    def _attention(self, qkv: torch.Tensor, groups: list[tuple[int, int, list[int]]], T: int) -> torch.Tensor:
+    def _attention(self, qkv: torch.Tensor, groups: list, T: int) -> torch.Tensor:
         """Bidirectional attention within each sequence; qkv [T, 3H] -> [T, H]."""
         nh, d = self.config.num_heads, self.head_dim
         H = nh * d
         out = torch.empty(T, H, dtype=qkv.dtype, device=qkv.device)
-        for length, count, starts in groups:
-            if count == 1:
-                s = starts[0]
-                x = qkv[s:s + length].view(1, length, 3, nh, d)
-            elif _contiguous(starts, length):  # same-length sequences back to back
-                s = starts[0]
-                x = qkv[s:s + length * count].view(count, length, 3, nh, d)
-            else:
-                idx = torch.cat([torch.arange(s, s + length) for s in starts])
-                x = qkv[idx].view(count, length, 3, nh, d)
+        for length, count, start, idx in groups:
+            # one sequence, or same-length ones back to back: a view; else gathered rows
+            x = qkv[start:start + length * count] if idx is None else qkv[idx]
+            x = x.view(count, length, 3, nh, d)
             q, k, v = (x[:, :, j].transpose(1, 2) for j in range(3))  # [B, nh, L, d]
             o = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
             o = o.transpose(1, 2).reshape(count * length, H)
-            if count == 1 or _contiguous(starts, length):
-                out[starts[0]:starts[0] + length * count] = o
+            if idx is None:
+                out[start:start + length * count] = o
             else:
                 out[idx] = o
         return out
 
 
-def _contiguous(starts: list[int], length: int) -> bool:
-    return all(b - a == length for a, b in zip(starts, starts[1:]))
-
-
-def _length_groups(lens: list[int]) -> list[tuple[int, int, list[int]]]:
-    """(length, how many, their start rows) per distinct sequence length, in first-seen order."""
+def _length_groups(lens: list[int]) -> list[tuple[int, int, int, torch.Tensor | None]]:
+    """Per distinct sequence length, in first-seen order: (length, how many, the first
+    one's start row, the rows of all of them when they are not back to back, else None).
+    Worked out once per forward, read by every layer."""
     by_len: dict[int, list[int]] = {}
     start = 0
     for n in lens:
         by_len.setdefault(n, []).append(start)
         start += n
-    return [(n, len(starts), starts) for n, starts in by_len.items()]
+    groups = []
+    for n, starts in by_len.items():
+        together = all(b - a == n for a, b in zip(starts, starts[1:]))
+        idx = None if together else \
+            (torch.tensor(starts)[:, None] + torch.arange(n)[None, :]).reshape(-1)
+        groups.append((n, len(starts), starts[0], idx))
+    return groups

@@ -19,7 +19,7 @@ Metadata = Annotated[dict[Annotated[str, Field(max_length=64)],
 class CreateBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input_file_id: Annotated[str, Field(min_length=1, max_length=128)]
-    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
     completion_window: Window = "24h"
     metadata: Metadata | None = None
 
