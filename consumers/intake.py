@@ -49,13 +49,9 @@ from inflight.consumers.thread_messages import (Aborted, Admitted, HandBack, Par
 from inflight.consumers.watermark_commits import WatermarkCommits
 from inflight.schemas import SchemaError, Settings, decode_request
 from inflight.schemas.base import ID_RE
-<<<<<<< HEAD
-from inflight.schemas.events import ERR_MODEL_NOT_FOUND, ERR_REPLY_TO_REFUSED
+from inflight.schemas.events import ERR_MODEL_NOT_FOUND, ERR_REPLY_TO_REFUSED, ERR_WRONG_MODEL_KIND
 
 from inflight.consumers.reply_to import ReplyTopics
-=======
-from inflight.schemas.events import ERR_MODEL_NOT_FOUND, ERR_WRONG_MODEL_KIND
->>>>>>> embeddings
 
 log = logging.getLogger("inflight.worker")
 
@@ -260,19 +256,16 @@ class Intake:
                          self.serving.refusal(req.model, tp.topic), "model", req.batch_id,
                          model=req.model)
             return
-<<<<<<< HEAD
+        if req.kind != self.serving.kind:  # an embedding request to a generation model, or the reverse
+            self._reject(tp, rec, rid, ERR_WRONG_MODEL_KIND, self.serving.kind_refusal(req.kind),
+                         "kind", req.batch_id, model=req.model, tenant=_tenant(req))
+            return
         if req.reply_to is not None:
             refusal = self.reply_topics.refusal(req.reply_to, self.consumer)
             if refusal is not None:
                 self._reject(tp, rec, rid, ERR_REPLY_TO_REFUSED, refusal, "reply_to",
                              req.batch_id, model=req.model, tenant=_tenant(req))
                 return
-=======
-        if req.kind != self.serving.kind:  # an embedding request to a generation model, or the reverse
-            self._reject(tp, rec, rid, ERR_WRONG_MODEL_KIND, self.serving.kind_refusal(req.kind),
-                         "kind", req.batch_id, model=req.model)
-            return
->>>>>>> embeddings
         job = self.by_id.get(rid)
         if job is not None or rid in self.recent:
             # Same id again: one run. A running (or unacknowledged) twin settles this
