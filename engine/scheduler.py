@@ -22,6 +22,11 @@ Speculative decoding: a decoding request with drafts (engine/spec/) gets 1 + len
 tokens, its last token and the drafts, verified in the same forward pass. Drafts are just
 more tokens to compute: they count against the budget (cut to fit it) and get KV slots;
 after verification the engine rolls the computed count back past the rejected ones.
+
+LoRA: a waiting request that names an adapter is admitted only once its adapter has a
+slot (engine/lora/manager.py: `acquire`, which may load it or evict an idle one); with
+every slot busy it waits and the requests behind it go on. It gives the slot back
+(`release`) whenever it stops running: finished, aborted or preempted.
 """
 
 from __future__ import annotations
@@ -58,8 +63,10 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_preemptions: int):
+                 max_preemptions: int, lora=None):
+        """`lora`: the engine's LoraManager (engine/lora/manager.py), None without adapters."""
         self.kv = kv
+        self.lora = lora
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_preemptions = max_preemptions
@@ -75,6 +82,8 @@ class Scheduler:
         """Take req out of the queues and free its blocks (finish or abort)."""
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
+            if self.lora is not None:
+                self.lora.release(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         self.kv.free(req)
@@ -150,6 +159,8 @@ class Scheduler:
                 break
         self.running.remove(victim)
         self.kv.free(victim)
+        if self.lora is not None:
+            self.lora.release(victim)
         victim.num_preemptions += 1
         self.num_preemptions += 1
         if victim.num_preemptions > self.max_preemptions:
@@ -172,8 +183,13 @@ class Scheduler:
             if self.kv.next_block_in(req, len(cached), in_flight):
                 i += 1
                 continue
+            if req.lora is not None and not self.lora.acquire(req):
+                i += 1  # every adapter slot is in use: wait, let the others in
+                continue
             n = min(req.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(req, n, cached):
+                if req.lora is not None:
+                    self.lora.release(req)
                 break  # wait for blocks to free up; never preempt to admit
             self.kv.record_prefix_query(req.num_tokens, num_cached)
             if req.num_cached_tokens < 0:
