@@ -112,7 +112,7 @@ class Engine:
         c = self.config
         with self.scope:
             slots = LoraSlots(self.model.config, c.max_loras, c.max_lora_rank, c.torch_dtype,
-                              self.model.device, kernel=self.ops.name == "triton" and self.model.device.type == "cuda")
+                              self.model.device, kernel=self.ops.name == "triton")
         self.model.lora = slots
         return LoraManager(self.model.config, slots, c.lora_cpu_capacity)
 
