@@ -53,6 +53,7 @@ class Admitted:
     headers: Headers = field(default_factory=list)  # engine refuse its input
     key: bytes | None = None
     tools: bool = False                      # read tool calls out of the answer
+    model: str | None = None                 # a LoRA adapter's name: its events carry it
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +150,7 @@ class AddRequest:
     messages: list[dict[str, Any]] | None = None
     arrival_time: float | None = None
     tools: list[dict[str, Any]] | None = None
+    lora: str | None = None                  # the LoRA adapter the request names (engine/lora)
 
 
 @dataclass(frozen=True, slots=True)
