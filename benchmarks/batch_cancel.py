@@ -21,6 +21,7 @@ import os
 import pathlib
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -36,7 +37,7 @@ def batch_file(n: int, max_tokens: int) -> bytes:
     words = "one two three four five six seven eight nine ten".split()
     return b"".join(orjson.dumps({
         "custom_id": f"r{i:06d}", "method": "POST", "url": "/v1/completions",
-        "body": {"model": "tiny", "prompt": " ".join(words[(i + k) % 10] for k in range(4)),
+        "body": {"prompt": " ".join(words[(i + k) % 10] for k in range(4)),
                  "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}) + b"\n"
         for i in range(n))
 
@@ -48,6 +49,16 @@ def per_request_cancel(store, client, batch_id: str) -> int:
 
     store.transition_batch(batch_id, CANCELLING)
     return sum(client.cancel_many(ids) for ids in open_request_ids(store, batch_id))
+
+
+def _watch_cancel(svc, batch_id: str, learned: list[float], timeout: float = 120.0) -> None:
+    """Note when the worker's intake first holds the batch as cancelled (polled every ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if batch_id in svc.worker.intake.cancelled_batches:
+            learned.append(time.time())
+            return
+        time.sleep(0.001)
 
 
 def run(mode: str, broker, model: pathlib.Path, work: pathlib.Path, args) -> dict:
@@ -77,20 +88,28 @@ def run(mode: str, broker, model: pathlib.Path, work: pathlib.Path, args) -> dic
         while store.refresh_batch_counts(b.id).request_completed < args.cancel_after:
             assert time.monotonic() < deadline, "the batch did not start"
             time.sleep(0.2)
+        learned: list[float] = []
+        watcher = threading.Thread(target=_watch_cancel, args=(svc, b.id, learned), daemon=True)
+        if mode == "batch":
+            watcher.start()
         t_cancel = time.time()
         if mode == "per-request":
             out["cancel_messages"] = per_request_cancel(store, client, b.id)
         else:
             jobs.cancel_batch(store, client, b.id)
             out["cancel_messages"] = 1
-        out["cancel_send_s"] = time.time() - t_cancel
+        t_returned = time.time()
+        out["cancel_send_s"] = t_returned - t_cancel
+        if mode == "batch":
+            watcher.join(timeout=args.timeout)
+        out["worker_learned_s"] = (learned[0] - t_cancel) if learned else None
         while True:
             if not store.list_batch(b.id, status=["queued", "running"], limit=1):
                 break
             assert time.monotonic() < deadline + args.timeout, "requests still open"
             time.sleep(0.5)
         out["all_ended_s"] = time.time() - t_cancel
-        completed_after = late = 0
+        completed_after = late = late1 = 0
         after = None
         while True:
             page = store.list_batch(b.id, status=["completed"], after=after, limit=1000)
@@ -100,10 +119,12 @@ def run(mode: str, broker, model: pathlib.Path, work: pathlib.Path, args) -> dic
                 if r.finished_at is not None and r.finished_at.timestamp() > t_cancel:
                     completed_after += 1
                     late += r.finished_at.timestamp() > t_cancel + LATE_S
+                    late1 += r.finished_at.timestamp() > t_returned + 1.0
             after = page[-1].id
         b = store.refresh_batch_counts(b.id)
         out.update(completed_before=b.request_completed - completed_after,
                    completed_after=completed_after, completed_late=late,
+                   completed_late_1s=late1,
                    cancelled=b.request_cancelled, total=b.request_total)
         return out
     finally:

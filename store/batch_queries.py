@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select, tuple_, update
 
 from inflight.schemas.errors import NotFoundError, StoreError
+from inflight.store.webhook_models import add_batch_event
 from inflight.store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BATCH_STATUSES, VALIDATING,
                           BatchRow, utcnow)
 
@@ -131,7 +132,13 @@ class BatchQueries:
         if to in BATCH_FINAL_STATUSES:
             cols.update(lease_owner=None, lease_until=None)
         with self.session() as s:  # type: ignore[attr-defined]
-            return s.execute(update(BatchRow.__table__).where(*cond).values(**cols)).rowcount == 1
+            moved = s.execute(update(BatchRow.__table__).where(*cond).values(**cols)).rowcount == 1
+            if moved and to in BATCH_FINAL_STATUSES:
+                # NOTE: the event is written by the UPDATE's own transaction (an outbox):
+                # no ended batch lacks its event, none has two (the move happens once)
+                owner = s.scalar(select(BatchRow.owner).where(BatchRow.id == batch_id))
+                add_batch_event(s, type=f"batch.{to}", batch_id=batch_id, owner=owner, at=now)
+            return moved
 
     def claim_batch(self, batch_id: str, owner: str, ttl_s: float, *,
                     or_owner: str | None = None) -> bool:
