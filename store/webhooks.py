@@ -186,3 +186,11 @@ def record_attempt(store: Store, d: WebhookDeliveryRow, *, ok: bool, status_code
             WebhookDeliveryRow.endpoint_id == d.endpoint_id,
             WebhookDeliveryRow.status == PENDING).values(status=GAVE_UP, finished_at=now))
         return reason
+
+
+def give_up(store: Store, d: WebhookDeliveryRow) -> None:
+    """A delivery whose endpoint was disabled or removed meanwhile."""
+    with store.session() as s:
+        s.execute(update(WebhookDeliveryRow).where(
+            WebhookDeliveryRow.id == d.id, WebhookDeliveryRow.status == PENDING)
+            .values(status=GAVE_UP, finished_at=utcnow()))
