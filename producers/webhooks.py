@@ -101,6 +101,8 @@ def deliver(store: Store, settings: Settings, *, publish: Publish | None = None,
     endpoint's failure never stops the others (each attempt is recorded)."""
     report = DeliveryReport()
     for ev in q.unfanned_events(store):
+        if not q.claim_event(store, ev, settings.webhook_timeout_s * 2 + 5):
+            continue  # another delivery task has it
         published = False
         if publish is not None:
             publish(ev.batch_id, event_body(ev))  # raises: the event waits for the next pass

@@ -23,7 +23,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, ForeignKey, Integer,
+from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, ForeignKey, Index, Integer,
                         LargeBinary, String, Text, TypeDecorator)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -101,7 +101,10 @@ class Base(DeclarativeBase):
 
 class RequestRow(Base):
     __tablename__ = "requests"
-    __table_args__ = (_status_check("ck_requests_status"),)
+    # ix_requests_batch_updated: a running batch's finished lines in the order they were
+    # written (partial results, producers.batch_partial)
+    __table_args__ = (_status_check("ck_requests_status"),
+                      Index("ix_requests_batch_updated", "batch_id", "updated_at", "id"))
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)  # = request_id
     batch_id: Mapped[str | None] = mapped_column(String(ID_LEN), index=True)

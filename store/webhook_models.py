@@ -60,6 +60,8 @@ class BatchEventRow(Base):
     # handed to the endpoints (deliveries written) and to the topic
     fanned_out: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     published_at: Mapped[datetime | None]
+    # a delivery task's claim on fanning it out (so two tasks at once publish it once)
+    claimed_until: Mapped[datetime | None]
 
 
 class WebhookDeliveryRow(Base):

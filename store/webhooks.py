@@ -12,7 +12,7 @@ import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 
 from inflight.schemas.errors import NotFoundError
 from inflight.store.models import utcnow
@@ -97,6 +97,18 @@ def unfanned_events(store: Store, limit: int = 500) -> list[BatchEventRow]:
     with store.session() as s:
         return list(s.scalars(select(BatchEventRow).where(BatchEventRow.fanned_out.is_(False))
                               .order_by(BatchEventRow.created_at).limit(limit)).all())
+
+
+def claim_event(store: Store, event: BatchEventRow, hold_s: float) -> bool:
+    """Take the event for `hold_s` seconds unless another task holds it: True = this caller
+    publishes and fans it out (a caller that dies loses the claim when it runs out)."""
+    now = utcnow()
+    with store.session() as s:
+        res = s.execute(update(BatchEventRow).where(
+            BatchEventRow.id == event.id, BatchEventRow.fanned_out.is_(False),
+            or_(BatchEventRow.claimed_until.is_(None), BatchEventRow.claimed_until < now))
+            .values(claimed_until=now + timedelta(seconds=hold_s)))
+        return res.rowcount == 1
 
 
 def fan_out(store: Store, event: BatchEventRow, published: bool) -> int:

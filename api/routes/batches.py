@@ -4,6 +4,7 @@
     GET  /v1/batches[?after=&limit=]   newest first, OpenAI's cursor paging
     GET  /v1/batches/{batch_id}
     POST /v1/batches/{batch_id}/cancel
+    GET  /v1/batches/{batch_id}/results[?after=&limit=]   finished lines so far (JSONL)
 
 Creating files the batch row under the caller, then sends the validate-and-enqueue task;
 the batch moves on its own (validating -> in_progress -> finalizing -> completed) and its
@@ -16,7 +17,7 @@ from typing import Annotated, Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Path, Query
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx, owns
@@ -89,8 +90,35 @@ async def list_batches(ctx: Ctx, caller: Caller,
 
 @router.get("/{batch_id}", response_model=BatchObject, summary="A batch")
 async def retrieve_batch(batch_id: BatchId, ctx: Ctx, caller: Caller) -> Response:
-    return json_response(batch_jobs.batch_object(
-        await owned_batch(ctx, caller, batch_id, OPENAI_ENDPOINTS)))
+    row = await owned_batch(ctx, caller, batch_id, OPENAI_ENDPOINTS)
+    if not row.is_final and row.in_progress_at is not None:
+        # request_counts exact at every moment: counted now (one GROUP BY on the index)
+        row = await ctx.db(ctx.store.refresh_batch_counts, batch_id)
+    return json_response(batch_jobs.batch_object(row))
+
+
+@router.get("/{batch_id}/results", summary="The finished lines so far (JSONL), resumable",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"application/jsonl": {}},
+                             "description": "one output/error line per finished request; "
+                                            "headers x-next-after (the cursor to resume "
+                                            "from) and x-has-more"}})
+async def batch_results(batch_id: BatchId, ctx: Ctx, caller: Caller,
+                        after: Annotated[str | None, Query(max_length=600)] = None,
+                        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> Response:
+    """Lines of the requests finished so far, in the order they were recorded (each the
+    line the output or error file will hold); read again with `after` = x-next-after."""
+    from inflight.producers.batch_partial import read_page
+
+    row = await owned_batch(ctx, caller, batch_id, OPENAI_ENDPOINTS)
+    page = await ctx.db(lambda: read_page(ctx.store, row, after=after, limit=limit,
+                                          default_model=ctx.settings.served_model_id()))
+    headers = {"x-has-more": "true" if page.has_more else "false",
+               "x-batch-status": row.status}
+    if page.next_after:
+        headers["x-next-after"] = page.next_after
+    return StreamingResponse(iter([b"".join(x + b"\n" for x in page.lines)]),
+                             media_type="application/jsonl", headers=headers)
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchObject,

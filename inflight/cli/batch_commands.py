@@ -151,7 +151,37 @@ def cmd_cancel(args: Any, settings: Settings) -> int:
         client.close()
 
 
+def cmd_partial(args: Any, settings: Settings) -> int:
+    """--partial: the lines of the requests finished so far (producers.batch_partial)."""
+    from inflight.producers.batch_partial import read_page
+
+    client = cli_io.client(settings)
+    fh = open(args.output, "wb") if args.output not in (None, "-") else sys.stdout.buffer
+    n, after = 0, args.after
+    try:
+        b = client.get_batch(args.id)
+        while True:
+            page = read_page(client.store, b, after=after,
+                             default_model=settings.served_model_id())
+            for line in page.lines:
+                fh.write(line + b"\n")
+            n += len(page.lines)
+            after = page.next_after
+            if not page.has_more:
+                break
+        fh.flush()
+        print(f"{b.id}: {b.status}, {n} finished lines written"
+              + (f"; resume with --partial --after {after}" if after else ""), file=sys.stderr)
+        return 0
+    finally:
+        if fh is not sys.stdout.buffer:
+            fh.close()
+        client.close()
+
+
 def cmd_results(args: Any, settings: Settings) -> int:
+    if args.partial:
+        return cmd_partial(args, settings)
     client = cli_io.client(settings)
     try:
         b = client.get_batch(args.id)
@@ -232,6 +262,9 @@ def register(sub: Any) -> None:
     r.add_argument("id")
     r.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
     r.add_argument("--errors", default=None, help="also write the error file here")
+    r.add_argument("--partial", action="store_true", help="while it runs: the lines of the "
+                   "requests finished so far (output and error lines, in the order recorded)")
+    r.add_argument("--after", default=None, help="with --partial: resume after this cursor")
     r.set_defaults(func=cmd_results)
 
     j = sub.add_parser("jobs", help="run a Celery worker for batch jobs (with the periodic sweep)")

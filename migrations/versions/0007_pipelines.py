@@ -1,5 +1,5 @@
 """pipelines: webhook endpoints, the batch-events outbox, deliveries and their attempts;
-a batch's output expiry (output_expires_after)
+an index for a running batch's finished lines (partial results)
 
 Revision ID: 0007_pipelines
 Revises: 0006
@@ -50,6 +50,7 @@ def upgrade() -> None:
         sa.Column("created_at", tz, nullable=False),
         sa.Column("fanned_out", sa.Boolean(), nullable=False, server_default=sa.false()),
         sa.Column("published_at", tz, nullable=True),
+        sa.Column("claimed_until", tz, nullable=True),
     )
     op.create_index("ix_batch_events_batch_id", "batch_events", ["batch_id"])
     op.create_index("ix_batch_events_fanned", "batch_events", ["fanned_out"])
@@ -83,9 +84,11 @@ def upgrade() -> None:
     )
     op.create_index("ix_webhook_attempts_delivery_id", "webhook_attempts", ["delivery_id"])
     op.create_index("ix_webhook_attempts_endpoint_id", "webhook_attempts", ["endpoint_id"])
+    op.create_index("ix_requests_batch_updated", "requests", ["batch_id", "updated_at", "id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_requests_batch_updated", table_name="requests")
     for table, indexes in (
             ("webhook_attempts", ["ix_webhook_attempts_endpoint_id",
                                   "ix_webhook_attempts_delivery_id"]),
