@@ -86,9 +86,12 @@ class BatchesClient:
                      input_file_id: str | None = None,
                      endpoint: str = "/v1/chat/completions", completion_window: str = "24h",
                      metadata: Mapping[str, str] | None = None, owner: str | None = None,
-                     progress: bool = False) -> BatchRow:
+                     progress: bool = False,
+                     output_expires_after: Mapping[str, Any] | None = None) -> BatchRow:
         """Upload `source` (or use an uploaded `input_file_id`), create a `validating`
-        batch and hand it to the Celery workers (`inflight jobs`) to validate and enqueue."""
+        batch and hand it to the Celery workers (`inflight jobs`) to validate and enqueue.
+        `output_expires_after`: `{"anchor": "created_at", "seconds": N}` for its output
+        files."""
         if (source is None) == (input_file_id is None):
             raise SchemaError("create_batch: give a file to upload or an input_file_id (one)")
         app = self.celery  # first: no file is stored for a batch that cannot start (no `jobs`)
@@ -99,7 +102,9 @@ class BatchesClient:
             input_file_id = self.upload_file(source, owner=owner, progress=progress).id  # type: ignore[arg-type]
         b = batch_jobs.create_batch(self.store, input_file_id=input_file_id, endpoint=endpoint,
                                     completion_window=completion_window,
-                                    metadata=dict(metadata) if metadata else None, owner=owner)
+                                    metadata=dict(metadata) if metadata else None, owner=owner,
+                                    output_expires_after=dict(output_expires_after)
+                                    if output_expires_after else None)
         send_enqueue(app, b.id)
         return b
 

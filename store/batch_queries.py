@@ -30,7 +30,7 @@ from inflight.store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BAT
 _BATCH_FIELDS = {"endpoint", "input_file_id", "completion_window", "output_file_id",
                  "error_file_id", "errors", "meta", "request_total", "request_completed",
                  "request_failed", "request_cancelled", "request_expired", "lines_validated",
-                 "lines_enqueued", "expires_at", "owner"}
+                 "lines_enqueued", "expires_at", "owner", "output_expires_after"}
 
 
 def _columns(fields: dict[str, Any]) -> dict[str, Any]:
@@ -47,7 +47,8 @@ class BatchQueries:
     def create_batch(self, batch_id: str, *, endpoint: str, input_file_id: str | None,
                      completion_window: str = "24h", expires_at: datetime | None = None,
                      metadata: dict[str, Any] | None = None, owner: str | None = None,
-                     status: str = VALIDATING) -> BatchRow:
+                     status: str = VALIDATING,
+                     output_expires_after: int | None = None) -> BatchRow:
         """Create a batch row (status `validating`); creating an existing id again returns
         the stored row unchanged."""
         if status not in BATCH_STATUSES:
@@ -58,6 +59,7 @@ class BatchQueries:
             id=batch_id, status=status, endpoint=endpoint, input_file_id=input_file_id,
             completion_window=completion_window, metadata=metadata, owner=owner,
             created_at=now, updated_at=now, expires_at=expires_at,
+            output_expires_after=output_expires_after,
         ).on_conflict_do_nothing(index_elements=[table.c.id])
         with self.session() as s:  # type: ignore[attr-defined]
             s.execute(stmt)

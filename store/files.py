@@ -97,7 +97,10 @@ class FileQueries:
         if done.rowcount != 1:  # the sweep took it for a dead writer's (reclaim_uploads)
             self.delete_file(fid)
             raise _reclaimed(fid)
-        return self.require_file(fid)
+        row = self.get_file(fid, expired=True)
+        if row is None:
+            raise NotFoundError(f"file {fid!r} was deleted while it was being written")
+        return row
 
     def _file_row(self, file_id: str) -> bool:
         with self.session() as s:  # type: ignore[attr-defined]
@@ -123,10 +126,26 @@ class FileQueries:
                     gone.append(fid)
         return gone
 
-    def get_file(self, file_id: str) -> FileRow | None:
+    def get_file(self, file_id: str, *, expired: bool = False) -> FileRow | None:
+        """An uploaded file not past its expires_at (`expired`: even one past it; the sweep
+        deletes them)."""
         with self.session() as s:  # type: ignore[attr-defined]
             row = s.get(FileRow, file_id)
-            return row if row is not None and row.status == FILE_UPLOADED else None
+            if row is None or row.status != FILE_UPLOADED:
+                return None
+            if not expired and row.expires_at is not None and row.expires_at <= utcnow():
+                return None
+            return row
+
+    def delete_expired_files(self, limit: int = 1000) -> list[str]:
+        """Delete files past their expires_at (`expires_after` of an upload, a batch's
+        `output_expires_after`), each in its own transaction; their ids. The sweeps call it
+        (the API's upload sweep, the jobs worker's batch sweep)."""
+        with self.session() as s:  # type: ignore[attr-defined]
+            ids = list(s.scalars(select(FileRow.id).where(FileRow.expires_at.is_not(None),
+                                                          FileRow.expires_at <= utcnow())
+                                 .limit(limit)))
+        return [fid for fid in ids if self.delete_file(fid)]
 
     def require_file(self, file_id: str) -> FileRow:
         row = self.get_file(file_id)

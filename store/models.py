@@ -174,6 +174,8 @@ class BatchRow(Base):
     # progress of the validate-and-enqueue task: input lines checked, lines published
     lines_validated: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lines_enqueued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # seconds after created_at at which its output and error files expire (None: never)
+    output_expires_after: Mapped[int | None] = mapped_column(Integer)
     # a sweeper's claim on the batch (finalize / expire / cancel work): see claim_batch
     lease_owner: Mapped[str | None] = mapped_column(String(OWNER_LEN))
     lease_until: Mapped[datetime | None]

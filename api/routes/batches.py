@@ -64,7 +64,9 @@ async def create_batch(body: CreateBatch, ctx: Ctx, caller: Caller) -> Response:
     row = await ctx.db(lambda: batch_jobs.create_batch(
         ctx.store, input_file_id=body.input_file_id, endpoint=body.endpoint,
         completion_window=body.completion_window, metadata=body.metadata,
-        owner=caller.owner))
+        owner=caller.owner,
+        output_expires_after=body.output_expires_after.model_dump()
+        if body.output_expires_after else None))
     await start(ctx, row.id)
     return json_response(batch_jobs.batch_object(row))
 

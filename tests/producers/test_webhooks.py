@@ -117,7 +117,8 @@ def test_signed_event_verified_by_openai_sdk_and_standardwebhooks(db_url, receiv
         assert event == {"id": event["id"], "object": "event", "type": "batch.completed",
                          "created_at": event["created_at"], "data": {"id": bid}}
         assert event["id"].startswith("evt_")
-        assert published == [(bid, body)]            # the topic gets the same bytes
+        # the topic gets the same bytes (the shared database may hold other tests' events)
+        assert [p for p in published if p[0] == bid] == [(bid, body)]
         webhooks.deliver(store, s)
         assert len(rx.got) == 1                       # delivered once; `other` wants failures
         [a] = q.list_attempts(store, ep.id)
