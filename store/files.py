@@ -27,7 +27,8 @@ from inflight.store.models import (BATCH_FINAL_STATUSES, FILE_UPLOADED, FILE_UPL
 
 CHUNK_BYTES = 1 << 20  # 1 MiB per stored chunk
 
-FILE_PURPOSES = ("batch", "batch_output", "batch_errors")
+# batch_source: the Parquet table a batch was made from (its results carry its columns)
+FILE_PURPOSES = ("batch", "batch_output", "batch_errors", "batch_source")
 
 
 def new_file_id() -> str:

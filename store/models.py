@@ -176,6 +176,9 @@ class BatchRow(Base):
     lines_enqueued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # seconds after created_at at which its output and error files expire (None: never)
     output_expires_after: Mapped[int | None] = mapped_column(Integer)
+    # a batch made from a Parquet table: {"file_id" (the table, purpose batch_source),
+    # "prompt_column", "id_column"} (producers.batch_parquet)
+    parquet_source: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     # a sweeper's claim on the batch (finalize / expire / cancel work): see claim_batch
     lease_owner: Mapped[str | None] = mapped_column(String(OWNER_LEN))
     lease_until: Mapped[datetime | None]

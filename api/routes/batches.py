@@ -13,7 +13,7 @@ output/error files are read at GET /v1/files/{id}/content.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from anyio import to_thread
 from fastapi import APIRouter, Path, Query
@@ -107,12 +107,18 @@ async def retrieve_batch(batch_id: BatchId, ctx: Ctx, caller: Caller) -> Respons
                                             "from) and x-has-more"}})
 async def batch_results(batch_id: BatchId, ctx: Ctx, caller: Caller,
                         after: Annotated[str | None, Query(max_length=600)] = None,
-                        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> Response:
+                        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+                        format: Annotated[Literal["jsonl", "parquet"], Query()] = "jsonl",
+                        ) -> Response:
     """Lines of the requests finished so far, in the order they were recorded (each the
-    line the output or error file will hold); read again with `after` = x-next-after."""
+    line the output or error file will hold); read again with `after` = x-next-after.
+    `format=parquet`: every request of the batch as one Parquet table (the input table's
+    columns for a Parquet batch, plus status, text, finish_reason, usage and error)."""
     from inflight.producers.batch_partial import read_page
 
     row = await owned_batch(ctx, caller, batch_id, OPENAI_ENDPOINTS)
+    if format == "parquet":
+        return await _parquet_results(ctx, row)
     page = await ctx.db(lambda: read_page(ctx.store, row, after=after, limit=limit,
                                           default_model=ctx.settings.served_model_id()))
     headers = {"x-has-more": "true" if page.has_more else "false",
@@ -121,6 +127,30 @@ async def batch_results(batch_id: BatchId, ctx: Ctx, caller: Caller,
         headers["x-next-after"] = page.next_after
     return StreamingResponse(iter([b"".join(x + b"\n" for x in page.lines)]),
                              media_type="application/jsonl", headers=headers)
+
+
+async def _parquet_results(ctx: ApiContext, row: Any) -> Response:
+    """Written a row group at a time to a temporary file, then streamed from it."""
+    import tempfile
+
+    from inflight.producers.batch_parquet import write_results
+
+    tmp = tempfile.TemporaryFile(prefix="inflight-results-")
+    try:
+        await ctx.db(write_results, ctx.store, row, tmp)
+        tmp.seek(0)
+    except BaseException:
+        tmp.close()
+        raise
+
+    def chunks():
+        with tmp:
+            while piece := tmp.read(1 << 20):
+                yield piece
+
+    return StreamingResponse(chunks(), media_type="application/vnd.apache.parquet", headers={
+        "content-disposition": f'attachment; filename="{row.id}_results.parquet"',
+        "x-batch-status": row.status})
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchObject,

@@ -1,5 +1,5 @@
 """pipelines: webhook endpoints, the batch-events outbox, deliveries and their attempts;
-an index for a running batch's finished lines (partial results); batches.output_expires_after
+an index for a running batch's finished lines (partial results); batches.output_expires_after and parquet_source
 
 Revision ID: 0007_pipelines
 Revises: 0006
@@ -87,10 +87,12 @@ def upgrade() -> None:
     op.create_index("ix_requests_batch_updated", "requests", ["batch_id", "updated_at", "id"])
     with op.batch_alter_table("batches") as batch:
         batch.add_column(sa.Column("output_expires_after", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("parquet_source", _json(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("batches") as batch:
+        batch.drop_column("parquet_source")
         batch.drop_column("output_expires_after")
     op.drop_index("ix_requests_batch_updated", table_name="requests")
     for table, indexes in (
