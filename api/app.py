@@ -48,7 +48,8 @@ REGISTRY_WAIT_S = 5.0   # at start: read the model registry this long before ser
 
 def _open_store(settings: Settings) -> Store:
     # no pre-ping: a poll is one round trip (store/owner_queries.py retries a dead connection once)
-    store = Store.embedded(settings.database_url, pre_ping=False)  # SQLite migrates itself
+    store = Store.embedded(settings.database_url, pre_ping=False, files_url=settings.files_url,
+                           files_endpoint=settings.files_s3_endpoint)  # SQLite migrates itself
     if store.dialect != "sqlite":
         have, want = current_revision(store.url), head_revision()
         if have != want:

@@ -63,7 +63,9 @@ class _Resources:
     def ctx(self) -> JobContext:
         with self._lock:
             if self._ctx is None or self._pid != os.getpid():
-                store = Store.embedded(self.settings.database_url)
+                store = Store.embedded(self.settings.database_url,
+                                       files_url=self.settings.files_url,
+                                       files_endpoint=self.settings.files_s3_endpoint)
                 context = context_length(self.settings, self.model_dir)
                 # the client's models (the live registry) check and route each line's model
                 client = Client(self.settings, store=store, default_context=context)

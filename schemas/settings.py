@@ -185,6 +185,10 @@ class Settings(BaseSettings):
     # an endpoint is disabled (with the reason) after this many failed attempts in a row
     webhook_disable_after: int = Field(default=30, ge=1)
     topic_batch_events: str = "inflight.batch-events"   # batch state events, key = batch id
+    # file content (uploads, batch inputs and outputs) on object storage: s3://bucket/prefix
+    # (any S3-compatible store; credentials from the AWS_* environment). None: the database
+    files_url: str | None = None
+    files_s3_endpoint: str | None = None   # an S3-compatible store's URL (None: AWS's)
 
     # --- worker ----------------------------------------------------------------------
     worker_max_inflight: int = 64

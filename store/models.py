@@ -233,6 +233,9 @@ class FileRow(Base):
     owner: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime | None]
+    # where the content is: s3://bucket/key on object storage (INFLIGHT_FILES_URL), NULL
+    # for `file_chunks` (store.object_files)
+    location: Mapped[str | None] = mapped_column(Text)
 
     def __repr__(self) -> str:
         return f"FileRow(id={self.id!r}, filename={self.filename!r}, bytes={self.bytes})"

@@ -1,5 +1,5 @@
 """pipelines: webhook endpoints, the batch-events outbox, deliveries and their attempts;
-an index for a running batch's finished lines (partial results); batches.output_expires_after and parquet_source
+an index for a running batch's finished lines (partial results); batches.output_expires_after and parquet_source; files.location (object storage)
 
 Revision ID: 0007_pipelines
 Revises: 0006
@@ -88,9 +88,13 @@ def upgrade() -> None:
     with op.batch_alter_table("batches") as batch:
         batch.add_column(sa.Column("output_expires_after", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("parquet_source", _json(), nullable=True))
+    with op.batch_alter_table("files") as batch:
+        batch.add_column(sa.Column("location", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("files") as batch:
+        batch.drop_column("location")
     with op.batch_alter_table("batches") as batch:
         batch.drop_column("parquet_source")
         batch.drop_column("output_expires_after")
