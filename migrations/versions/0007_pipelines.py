@@ -2,7 +2,7 @@
 an index for a running batch's finished lines (partial results); batches.output_expires_after and parquet_source; files.location (object storage)
 
 Revision ID: 0007_pipelines
-Revises: 0006
+Revises: 0010
 Create Date: 2026-12-03
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0007_pipelines"
-down_revision: str | None = "0006"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
