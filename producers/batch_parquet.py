@@ -12,8 +12,9 @@ one row group per input row group (memory bounded by a row group, never the tabl
     status (completed | failed | cancelled | expired | pending), text, finish_reason,
     prompt_tokens, completion_tokens, error
 
-(named `response_<name>` where the input has a column of that name, e.g. `response_text`
-beside a prompt column called `text`).
+plus `embedding` (list<float32>) for a batch of /v1/embeddings (named `response_<name>`
+where the input has a column of that name, e.g. `response_text` beside a prompt column
+called `text`).
 
 A batch made from JSONL gets `custom_id` plus the same response columns.
 """
@@ -196,4 +197,12 @@ def _with_responses(store: Store, batch: BatchRow, base: Any, cids: list[str], p
     schema = _response_schema(pa, base.schema)
     arrays = list(base.columns) + [pa.array(out[c], getattr(pa, _TYPES[c])())
                                    for c in RESULT_COLUMNS]
+    if batch.endpoint == EMBEDDINGS_URL:  # the vector, as list<float32>
+        from inflight.schemas.embeddings import unpack_vector
+
+        vectors = [unpack_vector(found[rid]["embedding"])
+                   if rid in found and found[rid].get("embedding") else None for rid in rids]
+        name = response_name("embedding", set(base.schema.names))
+        schema = schema.append(pa.field(name, pa.list_(pa.float32())))
+        arrays.append(pa.array(vectors, pa.list_(pa.float32())))
     return pa.Table.from_arrays(arrays, schema=schema)

@@ -19,7 +19,8 @@ def finished_page(store: Store, batch_id: str, *, after: tuple[datetime, str] | 
     before it (rows still being committed are left to the next page); plain dicts."""
     t = RequestRow.__table__.c
     q = select(t.id, t.custom_id, t.model, t.status, t.output, t.finish_reason, t.usage,
-               t.error, t.error_code, t.finished_at, t.tool_calls, t.updated_at).where(
+               t.error, t.error_code, t.finished_at, t.tool_calls, t.embedding,
+               t.updated_at).where(
         t.batch_id == batch_id, t.status.in_(sorted(FINAL_STATUSES)))
     if after is not None:
         at, rid = after

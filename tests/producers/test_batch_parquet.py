@@ -51,3 +51,39 @@ def test_bad_tables_say_what_to_fix(tmp_path):
                          template="no placeholder"))
     assert response_name("text", {"text"}) == "response_text"
     assert response_name("error", {"text"}) == "error"
+
+
+def test_results_carry_input_columns_and_vectors(db_url, tmp_path):
+    """write_results on the store (SQLite and Postgres): an embeddings batch made from a
+    table, two rows finished (one vector each), one still pending while the batch runs."""
+    import struct
+
+    from inflight.producers import batch_jobs as jobs
+    from inflight.producers.batch_lines import request_id_for
+    from inflight.producers.batch_parquet import write_results
+    from inflight.store import Store
+
+    path = write(tmp_path, key=["k1", "k2", "k3"], text=["a b", "c d", "e f"])
+    store = Store(db_url, create=True)
+    try:
+        table = store.create_file(iter([path.read_bytes()]), purpose="batch_source",
+                                  filename="t.parquet")
+        f = store.create_file(table_lines(path, endpoint="/v1/embeddings", prompt_column="text",
+                                          id_column="key"), purpose="batch", filename="t.jsonl")
+        b = jobs.create_batch(store, input_file_id=f.id, endpoint="/v1/embeddings")
+        store.set_batch_fields(b.id, parquet_source={"file_id": table.id, "id_column": "key",
+                                                     "prompt_column": "text"})
+        store.upsert_requests([{"id": request_id_for(b.id, k), "batch_id": b.id, "custom_id": k,
+                                "status": "completed", "finish_reason": "stop",
+                                "usage": {"prompt_tokens": 2, "completion_tokens": 0},
+                                "embedding": struct.pack("<2f", i, -i)}
+                               for i, k in ((1.0, "k1"), (2.0, "k3"))])
+        out = tmp_path / "out.parquet"
+        assert write_results(store, store.require_batch(b.id), out) == 3
+        rows = {r["key"]: r for r in pq.read_table(out).to_pylist()}
+        assert rows["k1"]["text"] == "a b" and rows["k1"]["embedding"] == [1.0, -1.0]
+        assert rows["k3"]["embedding"] == [2.0, -2.0] and rows["k3"]["status"] == "completed"
+        assert rows["k2"]["status"] == "pending" and rows["k2"]["embedding"] is None
+        assert "response_text" in rows["k1"]
+    finally:
+        store.close()
