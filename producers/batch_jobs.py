@@ -151,6 +151,18 @@ def cancel_batch(store: Store, publisher: RequestPublisher, batch_id: str) -> Ba
     return store.require_batch(batch_id)
 
 
+def live_counts(store: Store, b: BatchRow) -> BatchRow:
+    """`b` with its request counts counted now (one GROUP BY on the batch_id index; nothing
+    written) while it runs, so `request_counts` are exact at every moment; an ended batch's
+    counts are the ones its final UPDATE set."""
+    if b.is_final or b.in_progress_at is None:
+        return b
+    c = store.count_by_status(b.id)
+    b.request_completed, b.request_failed = c["completed"], c["failed"]
+    b.request_cancelled, b.request_expired = c["cancelled"], c["expired"]
+    return b
+
+
 # --- the JSON shapes ---------------------------------------------------------------------------
 
 def _ts(at: datetime | None) -> int | None:

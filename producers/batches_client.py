@@ -149,9 +149,11 @@ class BatchesClient:
                 "prompt_column": how["prompt_column"], "id_column": how["id_column"]}
 
     def get_batch(self, batch_id: str) -> BatchRow:
-        """The batch row (NotFoundError for an unknown id); batch_jobs.batch_object(row)
-        gives the OpenAI JSON."""
-        return self.store.require_batch(batch_id)
+        """The batch row (NotFoundError for an unknown id), its request counts counted now
+        while it runs; batch_jobs.batch_object(row) gives the OpenAI JSON."""
+        from inflight.producers.batch_jobs import live_counts
+
+        return live_counts(self.store, self.store.require_batch(batch_id))
 
     def list_batches(self, *, limit: int = 20, after: str | None = None,
                      owner: str | None = None) -> list[BatchRow]:

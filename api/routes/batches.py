@@ -95,7 +95,7 @@ async def retrieve_batch(batch_id: BatchId, ctx: Ctx, caller: Caller) -> Respons
     row = await owned_batch(ctx, caller, batch_id, OPENAI_ENDPOINTS)
     if not row.is_final and row.in_progress_at is not None:
         # request_counts exact at every moment: counted now (one GROUP BY on the index)
-        row = await ctx.db(ctx.store.refresh_batch_counts, batch_id)
+        row = await ctx.db(batch_jobs.live_counts, ctx.store, row)
     return json_response(batch_jobs.batch_object(row))
 
 

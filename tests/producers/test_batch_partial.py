@@ -62,8 +62,13 @@ def test_partial_lines_resume_by_cursor(db_url):
         assert sorted(x["custom_id"] for x in more) == sorted(f"q{i}" for i in range(7, 13))
         assert next(x for x in more if x["custom_id"] == "q12")["error"]["code"] == "batch_cancelled"
         assert read_all(store, bid, cursor2) == ([], cursor2)     # nothing new: same cursor
-        counts = store.refresh_batch_counts(bid)
+        from inflight.producers.batch_jobs import batch_object, live_counts
+
+        counts = live_counts(store, store.require_batch(bid))   # counted now, nothing written
         assert (counts.request_completed, counts.request_cancelled) == (12, 1)
+        assert batch_object(counts)["request_counts"] == {"total": 0, "completed": 12,
+                                                          "failed": 0}
+        assert store.require_batch(bid).request_completed == 0
         # rows written within the settle window wait for a later read
         finish(store, bid, ["q13"])
         assert read_all(store, bid, cursor2, settle_s=30.0)[0] == []
