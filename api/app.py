@@ -31,6 +31,7 @@ from inflight.api.routes import (batches, chat, completions, embeddings, files, 
                                  messages, models, requests)
 from inflight.api.served_models import ApiModels, default_context
 from inflight.api.streams import Streams
+from inflight.api.tracing import TracingMiddleware
 from inflight.api.upload_sweep import sweep_uploads
 from inflight.producers import Client
 from inflight.producers.results_reader import ResultsReader
@@ -38,6 +39,7 @@ from inflight.schemas import Settings
 from inflight.schemas.errors import ConfigError, InflightError
 from inflight.store import Store
 from inflight.store.migrate import current_revision, head_revision
+from inflight.transport import tracing
 from inflight.transport.registry_reader import RegistryReader
 
 log = logging.getLogger("inflight.api")
@@ -137,6 +139,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, body_bytes=settings.api_max_body_bytes,
                        upload_bytes=settings.api_max_upload_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    tracer = tracing.tracer(settings, "inflight.api")  # None: OpenTelemetry is off
+    if tracer is not None:
+        app.add_middleware(TracingMiddleware, tracer=tracer)
     return app
 
 

@@ -31,6 +31,8 @@ from inflight.schemas.tools import ToolCall
 ERR_MODEL_NOT_FOUND = "model_not_found"
 # A generation request to a worker serving an embedding model, or the reverse.
 ERR_WRONG_MODEL_KIND = "wrong_model_kind"
+# A request whose reply_to topic does not exist or is not allowed (INFLIGHT_REPLY_TO_PATTERN)
+ERR_REPLY_TO_REFUSED = "reply_to_refused"
 
 # Engine finish reasons, as vLLM spells them.
 FinishReason = Literal["stop", "length", "abort", "error"]

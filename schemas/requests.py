@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, ValidationInfo, model_validator
 
-from inflight.schemas.base import (SCHEMA_VERSION, FieldError, FiniteJson, ModelId, WireId,
-                                   WireModel)
+from inflight.schemas.base import (SCHEMA_VERSION, FieldError, FiniteJson, ModelId, TopicName,
+                                   WireId, WireModel)
 from inflight.schemas.params import SamplingParams, StructuredOutputs, TokenId, WireSamplingParams
 from inflight.schemas.tools import (MAX_TOOLS_FIELD, ToolCall, ToolChoice, choice_name,
                                     tool_constraint)
@@ -62,6 +62,11 @@ class InferenceRequest(WireModel):
     model goes to its own request topics (transport/model_topics.py), and a worker that
     reads a request for a model it does not serve ends it `model_not_found`.
 
+    `reply_to`: a topic that also gets the request's final event (and its token deltas when
+    it streams), keyed by request_id, with the same headers; it must exist and match
+    INFLIGHT_REPLY_TO_PATTERN (never one of the project's own topics), else the request
+    ends at intake with an error final (code reply_to_refused) before it runs.
+
     `tools` / `tool_choice` / `parallel_tool_calls` (OpenAI's, with `messages`): the worker
     renders the tools into the prompt and reads calls out of the answer (FinalEvent
     .tool_calls); unless tool_choice is "none", the tools become the request's
@@ -89,6 +94,7 @@ class InferenceRequest(WireModel):
     # (schemas/embeddings.py); `dimensions` cuts the vector (Matryoshka), embed only
     kind: RequestKind = "generate"
     dimensions: int | None = Field(default=None, ge=1, le=65536)
+    reply_to: TopicName | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -106,6 +106,13 @@ class Settings(BaseSettings):
     # the model registry: every worker's announcement (compacted, one partition;
     # schemas/registry.py)
     topic_models: str = "inflight.models"
+    # OpenTelemetry traces over OTLP/HTTP (docs/tracing.md): off unless an endpoint is set
+    # here or in the standard OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT
+    otel_exporter_otlp_endpoint: str | None = None
+    otel_service_name: str = "inflight"
+    # the topics a request's `reply_to` may name (a full-match regular expression); the
+    # project's own topics never, and only topics that exist (docs/kafka-contract.md)
+    reply_to_pattern: str = r"[A-Za-z0-9._-]+"
     worker_group: str = "inflight-workers"
     recorder_group: str = "inflight-recorder"
     # partitions of a topic a worker or `inflight topics create --model` creates (the

@@ -130,6 +130,8 @@ class RequestRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     attempt_started_at: Mapped[datetime | None]
     worker: Mapped[str | None] = mapped_column(String(256))
+    # the W3C trace id of its traceparent header (32 hex digits; docs/tracing.md)
+    trace_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]

@@ -100,7 +100,7 @@ def finish(store: Store, ids, status="completed"):
 def test_create_batch_checks_its_arguments(store):
     f = store.create_file([b"{}\n"], purpose="batch", filename="x")
     out = store.create_file([b"{}\n"], purpose="batch_output", filename="y")
-    for kw, field in [({"endpoint": "/v1/embeddings"}, "endpoint"),
+    for kw, field in [({"endpoint": "/v1/moderations"}, "endpoint"),
                       ({"completion_window": "soon"}, "completion_window"),
                       ({"metadata": {"k": 5}}, "metadata"),
                       ({"input_file_id": out.id}, "input_file_id")]:
