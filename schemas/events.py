@@ -29,10 +29,10 @@ from inflight.schemas.tools import ToolCall
 # A request for a model the worker that read it does not serve (written to another model's
 # topic): it never runs on the wrong weights (transport/model_topics.py).
 ERR_MODEL_NOT_FOUND = "model_not_found"
-# A generation request to a worker serving an embedding model, or the reverse.
-ERR_WRONG_MODEL_KIND = "wrong_model_kind"
 # A request whose reply_to topic does not exist or is not allowed (INFLIGHT_REPLY_TO_PATTERN)
 ERR_REPLY_TO_REFUSED = "reply_to_refused"
+# A generation request to a worker serving an embedding model, or the reverse.
+ERR_WRONG_MODEL_KIND = "wrong_model_kind"
 
 # Engine finish reasons, as vLLM spells them.
 FinishReason = Literal["stop", "length", "abort", "error"]

@@ -89,12 +89,12 @@ class InferenceRequest(WireModel):
     tools: MAX_TOOLS_FIELD | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    reply_to: TopicName | None = None
     # "embed": an embedding request (a `prompt` or `prompt_token_ids`, no sampling): its
     # FinalEvent carries the vector (`embedding`), for a worker serving an embedding model
     # (schemas/embeddings.py); `dimensions` cuts the vector (Matryoshka), embed only
     kind: RequestKind = "generate"
     dimensions: int | None = Field(default=None, ge=1, le=65536)
-    reply_to: TopicName | None = None
 
     @model_validator(mode="before")
     @classmethod
