@@ -53,6 +53,7 @@ class Admitted:
     headers: Headers = field(default_factory=list)  # engine refuse its input
     key: bytes | None = None
     tools: bool = False                      # read tool calls out of the answer
+    tenant: str | None = None                # copied onto its final event
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +72,13 @@ class Rejected:
     key: bytes | None = None
     attempt: str | None = None
     model: str | None = None                 # the model the request named (model_not_found)
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Aborted:
-    """A request cancelled before it was admitted: an `abort` final without running it."""
+    """A request cancelled before it was admitted: an `abort` final without running it
+    (finish_reason "expired": its deadline passed before it was read)."""
 
     ticket: int
     request_id: str
@@ -83,6 +86,8 @@ class Aborted:
     batch_id: str | None
     submitted_at: float | None
     queued_at: float
+    finish_reason: str = "abort"
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +154,8 @@ class AddRequest:
     messages: list[dict[str, Any]] | None = None
     arrival_time: float | None = None
     tools: list[dict[str, Any]] | None = None
+    tenant: str | None = None                # (absent unless set, as tools)
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

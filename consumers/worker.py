@@ -106,7 +106,8 @@ class Worker:
         self.serving = Serving.of(settings, engine)
         model = self.serving.model
         self.metrics = metrics or Metrics("worker", settings.metrics_interval_s,
-                                          labels={"model_name": model})
+                                          labels={"model_name": model},
+                                          tenant_label=settings.tenant_metrics)
         described = self.described = engine if isinstance(engine, DescribedEngine) else None
         self.engine_metrics = EngineMetrics(self.metrics.registry, model)
         settled: queue.SimpleQueue[Settled] = queue.SimpleQueue()

@@ -29,6 +29,7 @@ largest batch (engine/startup.py) and the figures are logged.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 import logging
 import pathlib
@@ -91,7 +92,10 @@ class Engine:
         root = hashlib.blake2b(f"{folder.resolve()}|{config.dtype}".encode(), digest_size=16).digest()
         self.kv = KVCacheManager(self.num_kv_blocks, config.block_size, config.enable_prefix_caching, root)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_preemptions)
+                                   config.max_preemptions, fair_share=config.fair_share,
+                                   tenant_weights=config.tenant_weights)
+        # (deadline, arrival index, request) of the requests that have one (a heap)
+        self._deadlines: list[tuple[float, int, Request]] = []
         self.overlap = config.resolve_overlap_outputs()
         self._inflight: StepHandle | None = None  # launched, outputs not processed (overlap)
         self.requests: dict[str, Request] = {}
@@ -121,11 +125,15 @@ class Engine:
                     prompt_token_ids: Sequence[int] | None = None,
                     params: SamplingParams | None = None, priority: int = 0, *,
                     messages: Sequence[dict] | None = None, arrival_time: float | None = None,
-                    extra_keys: tuple = (), tools: Sequence[dict] | None = None) -> None:
+                    extra_keys: tuple = (), tools: Sequence[dict] | None = None,
+                    tenant: str | None = None, deadline: float | None = None) -> None:
         """Queue a request (text `prompt`, `prompt_token_ids`, or chat `messages`). Lower
         `priority` values are served first. Problems with the request itself surface as a
         final output with finish_reason "error" at the next step. `tools`: OpenAI function
-        definitions for a chat template that renders them (`tokenizer.takes_tools`)."""
+        definitions for a chat template that renders them (`tokenizer.takes_tools`).
+        `tenant`: who it is for (fair share, EngineConfig.fair_share). `deadline` (epoch
+        seconds): not started by then, it ends with finish_reason "expired" without running;
+        running then, it stops and ends "expired" with the tokens it produced."""
         if request_id in self.requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already active in this "
                                         "engine; wait for its final output or abort it first")
@@ -143,7 +151,7 @@ class Engine:
             prompt_token_ids, error = [], (ERR_INVALID_REQUEST, str(exc))
         req = Request(request_id, list(prompt_token_ids), params, priority,
                       arrival_time=arrival_time or time.time(), arrival_index=next(self._arrivals),
-                      extra_keys=tuple(extra_keys))
+                      extra_keys=tuple(extra_keys), tenant=tenant, deadline=deadline)
         req.max_num_tokens = min(req.num_prompt_tokens + params.max_tokens, self.max_model_len)
         error = error or self._validate(req)
         if error is not None:
@@ -154,7 +162,12 @@ class Engine:
             req.generator = torch.Generator(device=self.model.device)
             req.generator.manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
+        if deadline is not None and deadline <= time.time():
+            self._pending.append(self._finish_output(req, "expired", None))
+            return
         self.requests[request_id] = req
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, req.arrival_index, req))
         if params.structured_outputs is not None:
             self.grammars.submit(req)  # queued once compiled (_admit_compiled)
         else:
@@ -211,8 +224,20 @@ class Engine:
         with self.scope:
             return self._step()
 
+    def _expire(self, outputs: list[RequestOutput]) -> None:
+        """End the requests whose deadline has passed (before anything is scheduled: one
+        not started never runs)."""
+        now = time.time()
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            req = heapq.heappop(heap)[2]
+            if not req.is_finished and self.requests.get(req.request_id) is req:
+                outputs.append(self._finish(req, "expired", None))
+
     def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        if self._deadlines:
+            self._expire(outputs)
         if self.grammars.waiting:
             self._admit_compiled(outputs)
             if self.grammars.waiting and not outputs and not self.scheduler.has_unfinished() \

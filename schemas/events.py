@@ -30,8 +30,9 @@ from inflight.schemas.tools import ToolCall
 ERR_MODEL_NOT_FOUND = "model_not_found"
 
 # Engine finish reasons, as vLLM spells them.
-FinishReason = Literal["stop", "length", "abort", "error"]
-FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error")
+# "expired": stopped at the request's deadline (InferenceRequest.timeout / deadline).
+FinishReason = Literal["stop", "length", "abort", "error", "expired"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "expired")
 
 
 class Usage(WireModel):
@@ -143,6 +144,8 @@ class FinalEvent(WireModel):
     # finish_reason "stop" because of one of the request's stop strings: that string
     # (vLLM's field; the Messages API answers it as stop_sequence); else None
     stop_reason: str | None = None
+    # the request's tenant (InferenceRequest.tenant), copied so the store files it
+    tenant: WireId | None = None
 
 
 class ErrorEvent(WireModel):
@@ -163,6 +166,7 @@ class ErrorEvent(WireModel):
     batch_id: WireId | None = None
     # the model the request named (None: it named none, or it could not be read)
     model: ModelId | None = None
+    tenant: WireId | None = None  # the request's tenant, when it could be read
 
 
 ResultEvent = Annotated[Union[TokenEvent, StatusEvent, FinalEvent, ErrorEvent],

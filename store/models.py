@@ -23,7 +23,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, ForeignKey, Integer,
+from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, ForeignKey, Index, Integer,
                         LargeBinary, String, Text, TypeDecorator)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -101,7 +101,9 @@ class Base(DeclarativeBase):
 
 class RequestRow(Base):
     __tablename__ = "requests"
-    __table_args__ = (_status_check("ck_requests_status"),)
+    __table_args__ = (_status_check("ck_requests_status"),
+                      # the limits' window (api/rate_limits.py): an owner's recent requests
+                      Index("ix_requests_owner_created_at", "owner", "created_at"))
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)  # = request_id
     batch_id: Mapped[str | None] = mapped_column(String(ID_LEN), index=True)
@@ -110,6 +112,11 @@ class RequestRow(Base):
     # the model the request named (resolved by the router), then the one that ran it (the
     # final event's: the worker's served model id)
     model: Mapped[str | None] = mapped_column(String(MODEL_LEN), index=True)
+    # who it is for (InferenceRequest.tenant: the key's owner on the HTTP API)
+    tenant: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)
+    # its token charge: prompt (estimated) + max_tokens when filed by the API, the real
+    # prompt + completion tokens once final (tokens-per-minute limits read it)
+    tokens: Mapped[int | None] = mapped_column(BigInteger)
     status: Mapped[str] = mapped_column(String(16), index=True)
     priority: Mapped[int | None] = mapped_column(Integer)
     prompt: Mapped[Any | None] = mapped_column(JSONType)  # str | chat messages | {"prompt_token_ids"}
@@ -168,6 +175,9 @@ class BatchRow(Base):
     request_failed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     request_cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     request_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # prompt (estimated) + max_tokens of its valid lines: what counts against its owner's
+    # queued-token limit while it is not final
+    queued_tokens: Mapped[int | None] = mapped_column(BigInteger)
     # progress of the validate-and-enqueue task: input lines checked, lines published
     lines_validated: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lines_enqueued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
