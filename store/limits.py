@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import BigInteger, Date, and_, cast, func, select
+from sqlalchemy import Date, and_, cast, func, select
 
 from inflight.store.keys import ApiKeyRow
 from inflight.store.models import (BATCH_FINAL_STATUSES, QUEUED, RUNNING, BatchRow, RequestRow,
@@ -78,14 +78,10 @@ def usage_by_day(store: Store, *, owner: str | None = None, model: str | None = 
     prompt_tokens, completion_tokens (from `usage`), days by `finished_at` (UTC).
     `owner`: only that owner's (None: everyone's); `by_tenant`: group by tenant instead."""
     who = RequestRow.tenant if by_tenant else RequestRow.owner
-    if store.dialect == "sqlite":
-        day = func.date(RequestRow.finished_at)
-        prompt = func.json_extract(RequestRow.usage, "$.prompt_tokens")
-        completion = func.json_extract(RequestRow.usage, "$.completion_tokens")
-    else:
-        day = cast(RequestRow.finished_at, Date)
-        prompt = cast(RequestRow.usage["prompt_tokens"].astext, BigInteger)
-        completion = cast(RequestRow.usage["completion_tokens"].astext, BigInteger)
+    day = (func.date(RequestRow.finished_at) if store.dialect == "sqlite"
+           else cast(func.timezone("UTC", RequestRow.finished_at), Date))
+    prompt = RequestRow.usage["prompt_tokens"].as_integer()
+    completion = RequestRow.usage["completion_tokens"].as_integer()
     q = (select(who, RequestRow.model, day.label("day"), func.count(),
                 func.coalesce(func.sum(prompt), 0), func.coalesce(func.sum(completion), 0))
          .where(RequestRow.finished_at.is_not(None), RequestRow.usage.is_not(None))

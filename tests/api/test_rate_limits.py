@@ -34,9 +34,9 @@ def _key(api, **limits):
 
 
 def _post(url: str, key, **body) -> httpx.Response:
+    payload = {"prompt": "hello world", "params": {"max_tokens": 4}, **body}
     return httpx.post(f"{url}/v1/requests", headers={"Authorization": f"Bearer {key.token}"},
-                      json={"prompt": "hello world", "params": {"max_tokens": 4}, **body},
-                      timeout=30)
+                      json={k: v for k, v in payload.items() if v is not None}, timeout=30)
 
 
 def test_requests_per_minute_are_shared_by_two_api_processes(two_apis):
@@ -57,7 +57,6 @@ def test_requests_per_minute_are_shared_by_two_api_processes(two_apis):
     assert r.headers["x-ratelimit-remaining-requests"] == "0"
     assert r.headers["x-ratelimit-reset-requests"].endswith("s")
     # every answer to the key carries the headers, a poll too
-    rid = _post  # noqa: F841
     got = httpx.get(f"{a.url}/v1/requests/nope", timeout=30,
                     headers={"Authorization": f"Bearer {key.token}"})
     assert got.status_code == 404 and got.headers["x-ratelimit-remaining-requests"] == "0"
@@ -106,7 +105,7 @@ def test_a_key_without_limits_gets_no_ratelimit_headers(two_apis):
 
 def test_usage_is_scoped_to_the_owner_and_admin_sees_all(two_apis):
     from inflight.api.keys import create_key
-    from inflight.schemas.events import FinalEvent, Usage
+    from inflight.schemas.events import FinalEvent, Timings, Usage
     from inflight.store import final_row
 
     a, _ = two_apis
@@ -115,7 +114,8 @@ def test_usage_is_scoped_to_the_owner_and_admin_sees_all(two_apis):
     r = _post(a.url, key)
     rid = r.json()["id"]
     store.upsert_requests([final_row(FinalEvent(request_id=rid, text="hi", finish_reason="stop",
-                                                usage=Usage(prompt_tokens=7, completion_tokens=3)))])
+                                                usage=Usage(prompt_tokens=7, completion_tokens=3),
+                                                timings=Timings(finished_at=time.time())))])
     auth = {"Authorization": f"Bearer {key.token}"}
     mine = httpx.get(f"{a.url}/v1/usage", headers=auth, timeout=30).json()["data"]
     assert [(u["owner"], u["prompt_tokens"], u["completion_tokens"]) for u in mine] == [
