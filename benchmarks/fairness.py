@@ -16,7 +16,7 @@ every request):
 2. Weights: tenants C (weight 1) and D (weight 3) both backlogged; the tokens each got
    (prompt tokens computed + output tokens) while both waited. Target 1:3 within 10%.
 3. The scheduler's cost: `Scheduler.schedule()` alone at 256 running requests (decoding)
-   and 2,000 waiting over 8 tenants, fair share on vs off, µs per step.
+   and 2,000 waiting over 8 tenants, fair share on vs off, this thread's CPU µs per step.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def scheduler_cost(*, running: int, waiting: int, tenants: int, steps: int, fair
 
     kv = KVCacheManager(running * 40 + 1000, 16, False)
     s = Scheduler(kv, running, 4096, 8, fair_share=fair)
-    params = SamplingParams(max_tokens=1 << 20, temperature=0.0)
+    params = SamplingParams(max_tokens=100_000, temperature=0.0)
     for i in range(running + waiting):
         s.add(Request(f"r{i}", list(range(1, 17)), params, 10, arrival_index=i,
                       tenant=f"t{i % tenants}"))
@@ -142,9 +142,9 @@ def scheduler_cost(*, running: int, waiting: int, tenants: int, steps: int, fair
         r.all_token_ids.append(7)
     times = []
     for _ in range(steps):
-        t = time.perf_counter()
+        t = time.thread_time()  # this thread's CPU: steadier than wall time on a loaded box
         out = s.schedule()
-        times.append(time.perf_counter() - t)
+        times.append(time.thread_time() - t)
         for r, n in zip(out.requests, out.num_tokens):
             r.num_computed_tokens += n
             r.output_token_ids.append(7)
@@ -195,8 +195,11 @@ def main() -> None:
                  "fair": run_flood(path, fair=True, flood=args.flood, small=args.small, **kw),
                  "fcfs": run_flood(path, fair=False, flood=args.flood, small=args.small, **kw)}
         weights = run_weights(path, n=args.weight_requests, **kw)
-    cost = {fair: scheduler_cost(running=256, waiting=2000, tenants=8, steps=300, fair=fair)
-            for fair in (False, True)}
+    cost: dict[bool, float] = {}
+    for _ in range(3):  # alternated rounds, the best median of each: the box is shared
+        for fair in (False, True):
+            us = scheduler_cost(running=256, waiting=2000, tenants=8, steps=300, fair=fair)
+            cost[fair] = min(cost.get(fair, us), us)
     rows = [(name, r["completion_p50"], r["completion_p99"], r["ttft_p50"], r["ttft_p99"],
              r["completion_p50"] / flood["alone"]["completion_p50"], r["steps"])
             for name, r in (("B alone", flood["alone"]), ("A's flood, fair share", flood["fair"]),
@@ -211,7 +214,8 @@ def main() -> None:
                 ("tenant", "tokens served"))
     print_table("Scheduler.schedule() at 256 running, 2,000 waiting over 8 tenants",
                 [("FCFS (fair share off)", cost[False]), ("fair share", cost[True]),
-                 ("added", cost[True] - cost[False])], ("scheduler", "µs per step (median)"))
+                 ("added", cost[True] - cost[False])],
+                ("scheduler", "CPU µs per step (median, best of 3 rounds)"))
     print(f"\n{machine_note()}")
     write_json(args.json, {"flood": flood, "weights": weights,
                            "scheduler_us": {"fcfs": cost[False], "fair": cost[True]},

@@ -34,6 +34,7 @@ class TenantShare:
     inv_weight: float = 1.0
     service: float = 0.0
     num_active: int = 0
+    num_running: int = 0  # of those, running (the scheduler keeps it)
 
 
 def parse_weights(value: Mapping[str, float] | str | Iterable | None) -> tuple[tuple[str, float], ...]:

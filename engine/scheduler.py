@@ -35,7 +35,9 @@ after verification the engine rolls the computed count back past the rejected on
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import attrgetter
 
 from inflight.engine.fair_share import FairShare, TenantShare
@@ -43,6 +45,8 @@ from inflight.engine.kv_cache_manager import KVCacheManager
 from inflight.engine.request import Request, RequestStatus
 
 _service = attrgetter("service")
+_share_of = attrgetter("share")
+_ONE = 1
 _queue_key = attrgetter("queue_key")
 
 
@@ -132,6 +136,7 @@ class Scheduler:
         """Take req out of the queues and free its blocks (finish or abort)."""
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
+            req.share.num_running -= 1
             self.shares.leave(req.share)
         elif req.status is RequestStatus.WAITING and req.share is not None:
             q = self._classes.get(req.priority, {}).get(req.share)
@@ -213,6 +218,7 @@ class Scheduler:
                 out.spec_token_ids.pop(victim, None)
                 break
         self.running.remove(victim)
+        victim.share.num_running -= 1
         self.kv.free(victim)
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -233,10 +239,24 @@ class Scheduler:
         return (req.priority, req.arrival_index)
 
     def _charge(self, requests: list[Request], num_tokens: list[int]) -> None:
-        """The scheduled tokens count as service to their tenants (fair share)."""
-        for req, n in zip(requests, num_tokens):
-            share = req.share
-            share.service += n * share.inv_weight
+        """The scheduled tokens of the running requests count as service to their tenants.
+
+        NOTE: when every running request got a place this step (the usual case), one token
+        each is charged per tenant from its count of running requests (O(tenants)), then
+        the extra tokens of the few given more than one (prefill chunks, drafts), found in
+        C (compress/filter); a Python loop over 256 running requests cost ~25 µs a step."""
+        if len(requests) == len(self.running):
+            for share in self.shares.active:
+                if share.num_running:
+                    share.service += share.num_running * share.inv_weight
+        else:  # the budget ran out before every running request
+            for share, k in Counter(map(_share_of, requests)).items():
+                share.service += k * share.inv_weight
+        if sum(num_tokens) != len(num_tokens):
+            for req, n in zip(compress(requests, map(_ONE.__ne__, num_tokens)),
+                              filter(_ONE.__ne__, num_tokens)):
+                share = req.share
+                share.service += (n - 1) * share.inv_weight
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         if not self.num_waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
@@ -275,6 +295,7 @@ class Scheduler:
                     share.service += n * share.inv_weight
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
+                share.num_running += 1
                 in_flight |= self.kv.hashes_in_flight([req])
                 out.requests.append(req)
                 out.num_tokens.append(n)

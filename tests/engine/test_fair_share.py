@@ -44,6 +44,9 @@ def step(s: Scheduler, served: dict | None = None, finished: list | None = None)
                 r.status = RequestStatus.FINISHED
                 if finished is not None:
                     finished.append(r)
+    shares = s.shares.shares.values()
+    assert sum(sh.num_running for sh in shares) == len(s.running)
+    assert sum(sh.num_active for sh in shares) == len(s.running) + s.num_waiting
     return out
 
 
