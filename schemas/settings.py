@@ -185,6 +185,11 @@ class Settings(BaseSettings):
 
     # --- worker ----------------------------------------------------------------------
     worker_max_inflight: int = 64
+    # requests a worker reads ahead of those (they wait in the engine's queue, shown as
+    # running): fair share and deadlines choose among what the worker holds, so a small
+    # tenant's requests behind another's flood in the partitions are seen and served
+    # (docs/tenants.md); 0 = hold only worker_max_inflight
+    worker_read_ahead: int = Field(default=4096, ge=0)
     # refuse (error `invalid_request`, field tenant) a Kafka request that names no tenant
     require_tenant: bool = False
     # per-tenant token counters carry a `tenant` label (cardinality: one series per tenant)
