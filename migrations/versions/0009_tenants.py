@@ -4,7 +4,7 @@ max_queued_tokens) and admin; batches.queued_tokens (a batch's reserved tokens, 
 owner's queued-token limit)
 
 Revision ID: 0009_tenants
-Revises: 0006
+Revises: 0010
 Create Date: 2026-12-03
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0009_tenants"
-down_revision: str | None = "0006"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
