@@ -50,6 +50,7 @@ class Request:
     arrival_time: float = field(default_factory=time.time)
     arrival_index: int = 0
     extra_keys: tuple = ()  # anything besides tokens that changes the KV (adapter ids)
+    lora: str | None = None  # the LoRA adapter it runs with (engine/lora), None: the base model
     tenant: str | None = None  # who it is for (fair share between tenants)
     deadline: float | None = None  # epoch seconds: expired (not started: never run) after it
 
@@ -82,6 +83,8 @@ class Request:
     # params.structured_outputs: the request's position in its grammar, from admission
     # (its compile is the GrammarQueue's until then)
     grammar: GrammarMatcher | None = None
+    # the slot of its adapter while it runs (engine/lora/manager.py), else -1
+    lora_slot: int = -1
     # its tenant's counter (engine/fair_share.py; set when the scheduler queues it)
     share: TenantShare | None = None
 

@@ -34,6 +34,11 @@ after verification the engine rolls the computed count back past the rejected on
 `chunked_prefill=False` (an encoder's embedding requests: bidirectional attention needs the
 whole sequence in one pass): a waiting request is admitted only when all its tokens fit
 in what is left of the step's budget, and it never runs in chunks.
+
+LoRA: a waiting request that names an adapter is admitted only once its adapter has a
+slot (engine/lora/manager.py: `acquire`, which may load it or evict an idle one); with
+every slot busy it waits and the requests behind it go on. It gives the slot back
+(`release`) whenever it stops running: finished, aborted or preempted.
 """
 
 from __future__ import annotations
@@ -85,12 +90,14 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_preemptions: int, chunked_prefill: bool = True, *, fair_share: bool = True,
-                 tenant_weights: tuple[tuple[str, float], ...] = ()):
-        """`fair_share`: admit by tenant (module doc); False: by deadline then arrival
-        within a class, whoever sent it (first come, first served)."""
+                 max_preemptions: int, chunked_prefill: bool = True, lora=None, *,
+                 fair_share: bool = True, tenant_weights: tuple[tuple[str, float], ...] = ()):
+        """`lora`: the engine's LoraManager (engine/lora/manager.py), None without adapters.
+        `fair_share`: admit by tenant (module doc); False: by deadline then arrival within a
+        class, whoever sent it (first come, first served)."""
         self.kv = kv
         self.chunked_prefill = chunked_prefill
+        self.lora = lora
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_preemptions = max_preemptions
@@ -143,6 +150,8 @@ class Scheduler:
             self.running.remove(req)
             req.share.num_running -= 1
             self.shares.leave(req.share)
+            if self.lora is not None:
+                self.lora.release(req)
         elif req.status is RequestStatus.WAITING and req.share is not None:
             q = self._classes.get(req.priority, {}).get(req.share)
             i = _index(q, req) if q else -1
@@ -225,6 +234,8 @@ class Scheduler:
         self.running.remove(victim)
         victim.share.num_running -= 1
         self.kv.free(victim)
+        if self.lora is not None:
+            self.lora.release(victim)
         victim.num_preemptions += 1
         self.num_preemptions += 1
         if victim.num_preemptions > self.max_preemptions:
@@ -289,8 +300,17 @@ class Scheduler:
                     continue
                 if not self.chunked_prefill and req.num_tokens - num_cached > budget:
                     return  # whole sequences only: it waits for a step with room
+                if req.lora is not None and not self.lora.acquire(req):
+                    # every adapter slot is in use: wait, let the others in
+                    if i + 1 < len(q):
+                        cursors[share] = i + 1
+                    else:
+                        del cursors[share]
+                    continue
                 n = min(req.num_tokens - num_cached, budget)
                 if not self.kv.allocate_slots(req, n, cached):
+                    if req.lora is not None:
+                        self.lora.release(req)
                     return  # wait for blocks to free up; never preempt to admit
                 self.kv.record_prefix_query(req.num_tokens, num_cached)
                 if req.num_cached_tokens < 0:
