@@ -101,8 +101,11 @@ class Base(DeclarativeBase):
 
 class RequestRow(Base):
     __tablename__ = "requests"
+    # ix_requests_batch_updated: a running batch's finished lines in the order they were
+    # written (partial results, producers.batch_partial); ix_requests_owner_created_at: the
+    # limits' window (api/rate_limits.py), an owner's recent requests
     __table_args__ = (_status_check("ck_requests_status"),
-                      # the limits' window (api/rate_limits.py): an owner's recent requests
+                      Index("ix_requests_batch_updated", "batch_id", "updated_at", "id"),
                       Index("ix_requests_owner_created_at", "owner", "created_at"))
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)  # = request_id
@@ -185,6 +188,11 @@ class BatchRow(Base):
     # progress of the validate-and-enqueue task: input lines checked, lines published
     lines_validated: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lines_enqueued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # seconds after created_at at which its output and error files expire (None: never)
+    output_expires_after: Mapped[int | None] = mapped_column(Integer)
+    # a batch made from a Parquet table: {"file_id" (the table, purpose batch_source),
+    # "prompt_column", "id_column"} (producers.batch_parquet)
+    parquet_source: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     # a sweeper's claim on the batch (finalize / expire / cancel work): see claim_batch
     lease_owner: Mapped[str | None] = mapped_column(String(OWNER_LEN))
     lease_until: Mapped[datetime | None]
@@ -239,6 +247,9 @@ class FileRow(Base):
     owner: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime | None]
+    # where the content is: s3://bucket/key on object storage (INFLIGHT_FILES_URL), NULL
+    # for `file_chunks` (store.object_files)
+    location: Mapped[str | None] = mapped_column(Text)
 
     def __repr__(self) -> str:
         return f"FileRow(id={self.id!r}, filename={self.filename!r}, bytes={self.bytes})"
