@@ -4,12 +4,27 @@ queued-token limit fails validation saying so."""
 
 from __future__ import annotations
 
+import shutil
+
 import orjson
+import pytest
 
 from inflight.api.keys import create_key
 from inflight.producers import batch_jobs as jobs
 from inflight.schemas import decode_request
-from tests.producers.test_batch_jobs import CHAT, ctx_for, lines, migrated_sqlite, store  # noqa: F401
+from inflight.store import Store
+from tests.producers.test_batch_jobs import CHAT, ctx_for, migrated_sqlite  # noqa: F401
+
+
+@pytest.fixture
+def store(db_url, migrated_sqlite):  # noqa: F811 - files in the database (no S3 here)
+    if db_url.startswith("sqlite"):
+        shutil.copy(migrated_sqlite, db_url.removeprefix("sqlite:///"))
+        s = Store(db_url)
+    else:
+        s = Store(db_url, create=True)
+    yield s
+    s.close()
 
 
 def _batch(store, n: int, owner: str, max_tokens: int = 4):
