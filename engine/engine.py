@@ -38,7 +38,7 @@ from typing import Sequence
 import torch
 
 from inflight.engine.config import EngineConfig
-from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.engine.detokenizer import IncrementalDetokenizer, output_text
 from inflight.engine.device import DeviceScope, resolve_device
 from inflight.engine.kv_sizing import MemoryProbe
 from inflight.engine.kv_cache_manager import KVCacheManager
@@ -431,8 +431,13 @@ class Engine:
         detok = req.detok
         if detok is None:  # refused before it had a detokenizer
             return RequestOutput.final(req, "", "", new_token_ids or [], error_code)
-        return RequestOutput.final(req, detok.take_delta(final=True), detok.text,
-                                   new_token_ids or [], error_code, detok.stop_hit)
+        # NOTE: the final text is decoded once from the final tokens (engine/detokenizer.py
+        # output_text), never the deltas joined: the one text of these tokens on every path
+        p = req.params
+        text, stop_hit = output_text(self.tokenizer, detok.context, req.output_token_ids,
+                                     p.stop, p.stop_token_ids, self.eos_token_ids, p.ignore_eos)
+        return RequestOutput.final(req, detok.finish(text), text, new_token_ids or [],
+                                   error_code, stop_hit)
 
     # -- offline use ------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
