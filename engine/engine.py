@@ -145,12 +145,12 @@ class Engine:
                       arrival_time=arrival_time or time.time(), arrival_index=next(self._arrivals),
                       extra_keys=tuple(extra_keys))
         req.max_num_tokens = min(req.num_prompt_tokens + params.max_tokens, self.max_model_len)
-        error = error or self._validate(req)
+        error = error or self._validate(req) or self._processors(req)
         if error is not None:
             code, message = error
             self._pending.append(self._finish_output(req, "error", message, code))
             return
-        if params.seed is not None:
+        if params.seed is not None and params.temperature > 0:  # greedy rows never draw
             req.generator = torch.Generator(device=self.model.device)
             req.generator.manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
@@ -192,6 +192,38 @@ class Engine:
         if need > self.num_kv_blocks:
             return ERR_PROMPT_TOO_LONG, (f"prompt + max_tokens needs {need} KV blocks but the whole cache has "
                     f"{self.num_kv_blocks}: lower max_tokens or raise EngineConfig.kv_cache_bytes")
+        return None
+
+    def _processors(self, req: Request) -> tuple[str, str] | None:
+        """Set up req's logits processors (engine/logits_processors.py); (error code,
+        message) when it asks for one this engine cannot apply."""
+        p = req.params
+        if not p.uses_logits_processors:
+            return None
+        vocab = self.model.config.vocab_size
+        for name, ids in (("logit_bias", p.logit_bias or ()), ("allowed_token_ids", p.allowed_token_ids or ())):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                return ERR_INVALID_REQUEST, (f"{name} names token id {bad}, outside the model's "
+                                             f"vocabulary [0, {vocab})")
+        if self.spec is not None and p.speculative:
+            return ERR_INVALID_REQUEST, (
+                "penalties, logit_bias, min_p, min_tokens, bad_words and allowed_token_ids are "
+                "not supported with speculative decoding (they apply to one logits row per "
+                "request, a verification has several): leave speculative unset or false")
+        banned = []
+        for word in p.bad_words:
+            for variant in (word, " " + word.lstrip(" ")):  # as vLLM: with and without a space
+                ids = self.tokenizer.encode(variant, add_special_tokens=False)
+                if len(ids) > 1:
+                    return ERR_INVALID_REQUEST, (
+                        f"bad_words entry {variant!r} is {len(ids)} tokens for this model: only "
+                        "words of one token are supported (a longer word is not supported: "
+                        "banning it needs the output's tail at every step); ban its tokens "
+                        "with logit_bias -100 instead")
+                banned += ids
+        req.banned_token_ids = tuple(dict.fromkeys(banned))
+        self.runner.enable_logits_processors(self.eos_token_ids)
         return None
 
     def abort(self, request_id: str) -> bool:

@@ -77,6 +77,8 @@ class Request:
     # params.structured_outputs: the request's position in its grammar, from admission
     # (its compile is the GrammarQueue's until then)
     grammar: GrammarMatcher | None = None
+    # params.bad_words as the token ids they ban (set by the engine; engine/logits_processors.py)
+    banned_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
