@@ -111,8 +111,8 @@ class ChatCompletionRequest(OpenAISampling):
     top_k, stop_token_ids, ignore_eos. Output constraints: response_format (text,
     json_object, json_schema), tools + tool_choice (none, auto, required, a named function)
     + parallel_tool_calls, and vLLM's structured_outputs (json, json_object, regex,
-    choice, grammar, structural_tag). Only the neutral value of n, penalties and logit_bias
-    is accepted (api/models/sampling.py: the fields text completions share)."""
+    choice, grammar, structural_tag). Penalties, logit_bias and vLLM's other sampling
+    controls, and n only at 1: api/models/sampling.py, the fields text completions share."""
 
     messages: Annotated[list[ChatMessageIn], Field(min_length=1, max_length=MAX_MESSAGES)]
     model: Annotated[str, Field(max_length=256)] | None = None
