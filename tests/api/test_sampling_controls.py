@@ -50,3 +50,25 @@ def test_chat_and_completions_apply_the_controls(stack):
         client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4,
                                        frequency_penalty=-3)
     assert "frequency_penalty" in str(err.value) and "greater than or equal to -2" in str(err.value)
+
+
+def test_streamed_chat_logprobs_per_chunk(stack):
+    """logprobs with stream: each chunk carries its tokens' entries (OpenAI's shape), and
+    together they are the non-streamed answer's."""
+    client = sdk(stack, stack.new_key())
+    kw = dict(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, logprobs=True,
+              top_logprobs=2)
+    whole = client.chat.completions.create(**kw).choices[0]
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    entries = [e for c in chunks for ch in c.choices if ch.logprobs is not None
+               for e in ch.logprobs.content]
+    assert len(entries) == len(whole.logprobs.content) == whole_tokens(whole)
+    assert [(e.token, e.logprob) for e in entries] == [
+        (e.token, e.logprob) for e in whole.logprobs.content]
+    assert all(len(e.top_logprobs) == 2 for e in entries)
+    text = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
+    assert text == whole.message.content
+
+
+def whole_tokens(choice) -> int:
+    return len(choice.logprobs.content)
