@@ -49,7 +49,9 @@ from inflight.consumers.thread_messages import (Aborted, Admitted, HandBack, Par
 from inflight.consumers.watermark_commits import WatermarkCommits
 from inflight.schemas import SchemaError, Settings, decode_request
 from inflight.schemas.base import ID_RE
-from inflight.schemas.events import ERR_MODEL_NOT_FOUND
+from inflight.schemas.events import ERR_MODEL_NOT_FOUND, ERR_REPLY_TO_REFUSED, ERR_WRONG_MODEL_KIND
+
+from inflight.consumers.reply_to import ReplyTopics
 
 log = logging.getLogger("inflight.worker")
 
@@ -127,6 +129,7 @@ class Intake:
         self._interactive_busy = False
         self._next_cancels = 0.0
         self.commits = WatermarkCommits(self.tracker, metrics)
+        self.reply_topics = ReplyTopics(settings)
 
     # -- lifecycle ------------------------------------------------------------------------
     def serve(self, serving: Serving) -> None:
@@ -253,6 +256,16 @@ class Intake:
                          self.serving.refusal(req.model, tp.topic), "model", req.batch_id,
                          model=req.model)
             return
+        if req.kind != self.serving.kind:  # an embedding request to a generation model, or the reverse
+            self._reject(tp, rec, rid, ERR_WRONG_MODEL_KIND, self.serving.kind_refusal(req.kind),
+                         "kind", req.batch_id, model=req.model, tenant=_tenant(req))
+            return
+        if req.reply_to is not None:
+            refusal = self.reply_topics.refusal(req.reply_to, self.consumer)
+            if refusal is not None:
+                self._reject(tp, rec, rid, ERR_REPLY_TO_REFUSED, refusal, "reply_to",
+                             req.batch_id, model=req.model, tenant=_tenant(req))
+                return
         job = self.by_id.get(rid)
         if job is not None or rid in self.recent:
             # Same id again: one run. A running (or unacknowledged) twin settles this
@@ -269,7 +282,8 @@ class Intake:
             self._add_job(Job(ticket, rid, None, tp, [(tp, rec.offset)], batch_id=req.batch_id))
             self._publish(Aborted(ticket=ticket, request_id=rid, attempt=attempt,
                                   batch_id=req.batch_id, submitted_at=req.submitted_at,
-                                  queued_at=now))
+                                  queued_at=now, headers=list(rec.headers or []),
+                                  tenant=_tenant(req), reply_to=req.reply_to))
             return
         params = req.params  # the engine's SamplingParams, validated when decoded
         messages, extra = chat_inputs(req, self.template_takes_tools)
@@ -282,10 +296,11 @@ class Intake:
             ticket=ticket, request_id=rid, attempt=attempt, stream=req.wants_stream,
             batch_id=req.batch_id, submitted_at=req.submitted_at, queued_at=now,
             source=_source(tp, rec.offset), raw=rec.value, headers=list(rec.headers or []),
-            key=rec.key, tools=uses_tools))
+            key=rec.key, tools=uses_tools, tenant=_tenant(req), reply_to=req.reply_to))
         self.engine.add(attempt, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                         params=params, priority=req.priority, messages=messages,
-                        arrival_time=now, **extra)
+                        arrival_time=now, **extra,
+                        **({"dimensions": req.dimensions} if req.dimensions is not None else {}))
         self.metrics.inc("admitted")
         if self.engine_metrics is not None:
             self.engine_metrics.observe_queue_time(now - req.submitted_at)
@@ -297,14 +312,14 @@ class Intake:
 
     def _reject(self, tp: TopicPartition, rec: ConsumerRecord, rid: str | None, code: str,
                 message: str, field: str | None, batch_id: str | None,
-                model: str | None = None) -> None:
+                model: str | None = None, tenant: str | None = None) -> None:
         ticket = next(self._tickets)
         self.jobs[ticket] = Job(ticket, rid, None, tp, [(tp, rec.offset)])
         self._publish(Rejected(
             ticket=ticket, request_id=rid, code=code, message=message, field=field,
             batch_id=batch_id, source=_source(tp, rec.offset),
             raw=rec.value if rec.value is not None else b"", headers=list(rec.headers or []),
-            key=rec.key, model=model))
+            key=rec.key, model=model, tenant=tenant))
 
     def _publish(self, item: PublisherCommand) -> None:
         """Hand `item` to the publisher (never waits: see the module's NOTE)."""
@@ -449,6 +464,13 @@ class _Rebalance(ConsumerRebalanceListener):
     def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("assigned %s", sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
         self.events.put(PartitionsAssigned(set(assigned)))
+
+
+def _tenant(req: object) -> str | None:
+    """The request's tenant, for its events' inflight-tenant header (None: it names none, or
+    the wire has no tenant field)."""
+    tenant = getattr(req, "tenant", None)
+    return tenant if isinstance(tenant, str) else None
 
 
 def _source(tp: TopicPartition, offset: int) -> str:

@@ -53,6 +53,8 @@ class Admitted:
     headers: Headers = field(default_factory=list)  # engine refuse its input
     key: bytes | None = None
     tools: bool = False                      # read tool calls out of the answer
+    tenant: str | None = None                # the request's tenant (its events' header)
+    reply_to: str | None = None              # a topic that gets its final (and deltas) too
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,8 @@ class Rejected:
     key: bytes | None = None
     attempt: str | None = None
     model: str | None = None                 # the model the request named (model_not_found)
+    tenant: str | None = None
+    reply_to: str | None = None              # an allowed reply topic: the error goes there too
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,9 @@ class Aborted:
     batch_id: str | None
     submitted_at: float | None
     queued_at: float
+    headers: Headers = field(default_factory=list)
+    tenant: str | None = None
+    reply_to: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +156,7 @@ class AddRequest:
     messages: list[dict[str, Any]] | None = None
     arrival_time: float | None = None
     tools: list[dict[str, Any]] | None = None
+    dimensions: int | None = None  # an embedding request's cut (EmbeddingEngine)
 
 
 @dataclass(frozen=True, slots=True)

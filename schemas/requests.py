@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, ValidationInfo, model_validator
 
-from inflight.schemas.base import (SCHEMA_VERSION, FieldError, FiniteJson, ModelId, WireId,
-                                   WireModel)
 from inflight.engine.sampling_params import seed_for
+from inflight.schemas.base import (SCHEMA_VERSION, FieldError, FiniteJson, ModelId, TopicName,
+                                   WireId, WireModel)
 from inflight.schemas.params import SamplingParams, StructuredOutputs, TokenId, WireSamplingParams
 from inflight.schemas.tools import (MAX_TOOLS_FIELD, ToolCall, ToolChoice, choice_name,
                                     tool_constraint)
@@ -29,6 +29,7 @@ MAX_PROMPT_TOKEN_IDS = 1_048_576
 MAX_METADATA_KEYS = 64
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+RequestKind = Literal["generate", "embed"]
 
 
 class ChatMessage(WireModel):
@@ -62,6 +63,11 @@ class InferenceRequest(WireModel):
     model goes to its own request topics (transport/model_topics.py), and a worker that
     reads a request for a model it does not serve ends it `model_not_found`.
 
+    `reply_to`: a topic that also gets the request's final event (and its token deltas when
+    it streams), keyed by request_id, with the same headers; it must exist and match
+    INFLIGHT_REPLY_TO_PATTERN (never one of the project's own topics), else the request
+    ends at intake with an error final (code reply_to_refused) before it runs.
+
     `tools` / `tool_choice` / `parallel_tool_calls` (OpenAI's, with `messages`): the worker
     renders the tools into the prompt and reads calls out of the answer (FinalEvent
     .tool_calls); unless tool_choice is "none", the tools become the request's
@@ -84,6 +90,12 @@ class InferenceRequest(WireModel):
     tools: MAX_TOOLS_FIELD | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    reply_to: TopicName | None = None
+    # "embed": an embedding request (a `prompt` or `prompt_token_ids`, no sampling): its
+    # FinalEvent carries the vector (`embedding`), for a worker serving an embedding model
+    # (schemas/embeddings.py); `dimensions` cuts the vector (Matryoshka), embed only
+    kind: RequestKind = "generate"
+    dimensions: int | None = Field(default=None, ge=1, le=65536)
 
     @model_validator(mode="before")
     @classmethod
@@ -136,6 +148,11 @@ class InferenceRequest(WireModel):
         if named is not None and named not in {t.function.name for t in self.tools}:
             raise FieldError("tool_choice", f"names function {named!r}, which is not among "
                              "the tools")
+        if self.kind == "embed" and self.messages is not None:
+            raise FieldError("messages", "an embedding request embeds a 'prompt' (text) or "
+                             "'prompt_token_ids', not chat messages")
+        if self.dimensions is not None and self.kind != "embed":
+            raise FieldError("dimensions", "only an embedding request (kind 'embed') has dimensions")
         limit = (info.context or {}).get("max_prompt_chars") if info.context else None
         if limit is not None and self.prompt_chars > limit:
             raise FieldError(given[0], f"is {self.prompt_chars} characters, over the limit "

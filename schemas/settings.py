@@ -106,6 +106,13 @@ class Settings(BaseSettings):
     # the model registry: every worker's announcement (compacted, one partition;
     # schemas/registry.py)
     topic_models: str = "inflight.models"
+    # OpenTelemetry traces over OTLP/HTTP (docs/tracing.md): off unless an endpoint is set
+    # here or in the standard OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT
+    otel_exporter_otlp_endpoint: str | None = None
+    otel_service_name: str = "inflight"
+    # the topics a request's `reply_to` may name (a full-match regular expression); the
+    # project's own topics never, and only topics that exist (docs/kafka-contract.md)
+    reply_to_pattern: str = r"[A-Za-z0-9._-]+"
     worker_group: str = "inflight-workers"
     recorder_group: str = "inflight-recorder"
     # partitions of a topic a worker or `inflight topics create --model` creates (the
@@ -120,6 +127,10 @@ class Settings(BaseSettings):
     # the model id a worker serves (and announces; clients send it as `model`); None = the
     # name of the model folder (INFLIGHT_MODEL_PATH's, else the bundled model's)
     served_model_name: str | None = None
+    # what the worker's model does: "generate" (text), "embed" (vectors: EmbeddingEngine),
+    # or "auto": embed for a sentence-transformers folder (modules.json) or an encoder
+    # architecture (BERT), generate otherwise (`inflight worker --model-kind`)
+    model_kind: Literal["auto", "generate", "embed"] = "auto"
     # Several models in one deployment: the model whose workers read today's request
     # topics (inflight.requests, inflight.requests.batch) and which a request without a
     # `model` goes to; the others each read their own (transport/model_topics.py). None =

@@ -144,6 +144,8 @@ class RequestRow(Base):
     timings: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     logprobs: Mapped[Any | None] = mapped_column(JSONType)
     tool_calls: Mapped[Any | None] = mapped_column(JSONType)  # OpenAI's message.tool_calls
+    # an embedding request's vector: float32 little-endian bytes (schemas/embeddings.py)
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
     error: Mapped[str | None] = mapped_column(Text)
     error_code: Mapped[str | None] = mapped_column(String(64))
     # admissions of the request by a worker (its status events), counted once each: a
@@ -151,6 +153,8 @@ class RequestRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     attempt_started_at: Mapped[datetime | None]
     worker: Mapped[str | None] = mapped_column(String(256))
+    # the W3C trace id of its traceparent header (32 hex digits; docs/tracing.md)
+    trace_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]

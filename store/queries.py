@@ -46,7 +46,7 @@ from inflight.store.urls import normalize_url, redact
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
 _REQUEST_COLUMN_SET = frozenset(_REQUEST_COLUMNS)
 _KEEP_ON_CONFLICT = {"id", "created_at"}
-_FILL_ONLY = ("prompt", "params", "batch_id", "priority", "custom_id", "owner")
+_FILL_ONLY = ("prompt", "params", "batch_id", "priority", "custom_id", "owner", "trace_id")
 UPSERT_CHUNK = 500  # rows per INSERT statement (SQLite caps bound parameters)
 PG_UPSERT_CHUNK = 5000  # rows per INSERT statement on Postgres (its parameters are arrays)
 
@@ -388,7 +388,7 @@ class Store(BatchQueries, FileQueries):
             return {}
         t = RequestRow.__table__.c
         cols = (t.id, t.status, t.output, t.finish_reason, t.usage, t.error, t.error_code,
-                t.finished_at, t.tool_calls)
+                t.finished_at, t.tool_calls, t.embedding)
         if self.dialect == "postgresql":  # one array parameter, not a thousand binds
             cond = t.id == any_(bindparam("ids", ids, type_=postgresql.ARRAY(String)))
         else:
