@@ -103,6 +103,7 @@ class Engine:
         self.spec = build_spec_decoder(config, self.runner, self.kv)  # None without speculative_config
         # constrained requests whose grammar is compiling (not queued yet)
         self.grammars = GrammarQueue(self.tokenizer, self.model.config.vocab_size, self.runner)
+        self._num_processed = 0  # live requests with logits processors (no speculation then)
 
     def close(self) -> None:
         """Stop the engine's tensor-parallel ranks (or release a group it was given); a
@@ -224,6 +225,7 @@ class Engine:
                 banned += ids
         req.banned_token_ids = tuple(dict.fromkeys(banned))
         self.runner.enable_logits_processors(self.eos_token_ids)
+        self._num_processed += 1
         return None
 
     def abort(self, request_id: str) -> bool:
@@ -252,7 +254,8 @@ class Engine:
                 self.grammars.nap()
                 self._admit_compiled(outputs)
         if self.overlap:
-            if self.spec is None or not self.spec.may_speculate(self.scheduler.running):
+            if self.spec is None or self._num_processed or \
+                    not self.spec.may_speculate(self.scheduler.running):
                 return self._step_overlapped(outputs)
             # NOTE: drafts are proposed from the last step's tokens: a step that may
             # speculate runs synchronously, after the step in flight is processed
@@ -261,7 +264,10 @@ class Engine:
                 self._process(prev, outputs)
         if not self.scheduler.has_unfinished():
             return outputs
-        drafts = self.spec.propose(self.scheduler.running) if self.spec is not None else None
+        # NOTE: logits processors run on one logits row per request: while a request that
+        # uses one is live (waiting ones too: they may join this step), nothing speculates
+        drafts = (self.spec.propose(self.scheduler.running)
+                  if self.spec is not None and not self._num_processed else None)
         sched = self._schedule(outputs, drafts)
         if sched.is_empty:
             return outputs
@@ -449,6 +455,8 @@ class Engine:
         if self.spec is not None:
             self.spec.finished(req, completed=reason in ("stop", "length"))
         self.grammars.discard(req)  # if still compiling
+        if req.params.uses_logits_processors and req.request_id in self.requests:
+            self._num_processed -= 1
         self.scheduler.remove(req)
         self.runner.remove(req)
         self.requests.pop(req.request_id, None)

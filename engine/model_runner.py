@@ -279,7 +279,7 @@ class ModelRunner:
             batch.apply_diffs(dev[lay.diffs])
         procs = self.procs
         proc_rows = None
-        if procs is not None and procs.active:
+        if procs is not None and procs.active and inputs.spec is None:
             proc_rows = dev[lay.rows.start:lay.rows.start + n].long()
         step = DeviceStep(n, T, P, self._sampling(inputs, lay, dev, proc_rows) if random else self._greedy,
                           inputs.masked)

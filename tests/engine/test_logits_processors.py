@@ -150,3 +150,22 @@ def test_refusals_say_why(tiny_model_path, prompts):
         SamplingParams(max_tokens=4, min_tokens=5)
     with pytest.raises(ValueError, match="presence_penalty"):
         SamplingParams(presence_penalty=2.5)
+
+
+def test_with_speculative_decoding_processed_requests_do_not_speculate(tiny_model_path, prompts):
+    """An n-gram speculating engine: a request with penalties gets the tokens of an engine
+    without speculation (nothing speculates while it is live); one that forces
+    speculation is refused, saying why."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+            "prompt_lookup_min": 1}
+    eng = Engine(EngineConfig(model=tiny_model_path, num_kv_blocks=256, speculative_config=spec,
+                              debug_checks=True))
+    plain = Engine(EngineConfig(model=tiny_model_path, num_kv_blocks=256))
+    greedy = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
+    pen = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True, repetition_penalty=1.6,
+                         frequency_penalty=0.5)
+    got = eng.generate(prompts[:3], [greedy, pen, greedy])
+    want = plain.generate(prompts[:3], [greedy, pen, greedy])
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    forced = eng.generate([prompts[0]], SamplingParams(max_tokens=4, min_p=0.1, speculative=True))[0]
+    assert forced.finish_reason == "error" and "not supported with speculative decoding" in forced.error
