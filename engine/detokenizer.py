@@ -8,9 +8,10 @@ tokens (the context), and the window's text is handed out once it is final:
     window text = decode(context + window)[len(decode(context)):]
 
 The window's text is final when it does not end in U+FFFD (an incomplete character) and,
-for a byte-fallback tokenizer (Llama 2, Mistral: `<0xE4>` pieces), its last token is not
-a byte piece (such a decoder turns a whole run of byte pieces that is not valid UTF-8
-into one U+FFFD per byte, so a later byte could still change the run's text). Then it is
+for a byte-fallback tokenizer (Llama 2, Mistral: `<0xE4>` pieces), its last token is
+neither a byte piece nor a special token (such a decoder turns a whole run of byte
+pieces that is not valid UTF-8 into one U+FFFD per byte, and a run goes on across the
+special tokens the decode skips, so a later byte could still change the run's text). Then it is
 handed out and the window starts over after it, its context the last non-special ids.
 At such points decoding is additive (a byte-level decode restarts at a whole character, a
 byte-fallback run ends at a piece that is not a byte), so the deltas are exactly a prefix
@@ -69,7 +70,9 @@ class IncrementalDetokenizer:
         """The final text token_id completes ("" while the window's text may change)."""
         win = self._win
         win.append(token_id)
-        if token_id in self._byte_piece:
+        pieces = self._byte_piece
+        # NOTE: a special token is skipped by the decode, so a byte run goes on across it
+        if token_id in pieces or (pieces and token_id in self._special):
             return ""
         text = self._decode(self._ctx + win)
         ctx_text = self._ctx_text

@@ -85,7 +85,7 @@ def _stream(tok, prompt, ids, stop=(), stop_token_ids=(), eos=()):
     return out, deltas, text, hit
 
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @SETTINGS
