@@ -55,7 +55,7 @@ from inflight.consumers.reply_to import ReplyTopics
 
 log = logging.getLogger("inflight.worker")
 
-CANCELS_EVERY_S = 0.1
+PRUNE_EVERY_S = 1.0      # forget batch cancels older than the lookback window
 POLL_WAIT_MS = 50        # with room: how long a poll may wait for records
 SETTLE_WAIT_S = 0.05     # full (or draining): how long to wait for a settled ticket
 MAX_ENDINGS_FACTOR = 2   # jobs held in all (running + awaiting acks) <= this x max_inflight
@@ -171,14 +171,16 @@ class Intake:
     def run_once(self) -> None:
         self._handle_rebalances()
         self._drain_settled()
+        # every round: the cancel reader's own thread has read them (consumers/cancel.py),
+        # so taking them costs no wait, and a batch's cancel stops its admission at once
+        for cancel, at in self.cancels.poll():
+            if cancel.batch_id is not None:
+                self._cancel_batch(cancel.batch_id, at)
+            else:
+                self._cancel(cancel.request_id)
         now = time.monotonic()
         if now >= self._next_cancels:
-            self._next_cancels = now + CANCELS_EVERY_S
-            for cancel, at in self.cancels.poll():
-                if cancel.batch_id is not None:
-                    self._cancel_batch(cancel.batch_id, at)
-                else:
-                    self._cancel(cancel.request_id)
+            self._next_cancels = now + PRUNE_EVERY_S
             self.cancelled_batches.prune()
         room = self.room
         behind = self.publisher_behind()
@@ -287,6 +289,7 @@ class Intake:
             return
         params = req.params  # the engine's SamplingParams, validated when decoded
         messages, extra = chat_inputs(req, self.template_takes_tools)
+        lora = self.serving.lora_of(req.model)
         uses_tools = req.tools is not None and req.tool_choice != "none"
         self._add_job(Job(ticket, rid, attempt, tp, [(tp, rec.offset)], running=True,
                           batch_id=req.batch_id))
@@ -296,10 +299,11 @@ class Intake:
             ticket=ticket, request_id=rid, attempt=attempt, stream=req.wants_stream,
             batch_id=req.batch_id, submitted_at=req.submitted_at, queued_at=now,
             source=_source(tp, rec.offset), raw=rec.value, headers=list(rec.headers or []),
-            key=rec.key, tools=uses_tools, tenant=_tenant(req), reply_to=req.reply_to))
+            key=rec.key, tools=uses_tools, tenant=_tenant(req), reply_to=req.reply_to,
+            model=lora.get("lora")))
         self.engine.add(attempt, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                         params=params, priority=req.priority, messages=messages,
-                        arrival_time=now, **extra,
+                        arrival_time=now, **extra, **lora,
                         **({"dimensions": req.dimensions} if req.dimensions is not None else {}))
         self.metrics.inc("admitted")
         if self.engine_metrics is not None:

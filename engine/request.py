@@ -47,6 +47,7 @@ class Request:
     arrival_time: float = field(default_factory=time.time)
     arrival_index: int = 0
     extra_keys: tuple = ()  # anything besides tokens that changes the KV (adapter ids)
+    lora: str | None = None  # the LoRA adapter it runs with (engine/lora), None: the base model
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -79,6 +80,8 @@ class Request:
     grammar: GrammarMatcher | None = None
     # params.bad_words as the token ids they ban (set by the engine; engine/logits_processors.py)
     banned_token_ids: tuple[int, ...] = ()
+    # the slot of its adapter while it runs (engine/lora/manager.py), else -1
+    lora_slot: int = -1
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
