@@ -55,6 +55,7 @@ class Admitted:
     tools: bool = False                      # read tool calls out of the answer
     tenant: str | None = None                # the request's tenant (its events' header)
     reply_to: str | None = None              # a topic that gets its final (and deltas) too
+    model: str | None = None                 # a LoRA adapter's name: its events carry it
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,8 @@ class Rejected:
 
 @dataclass(frozen=True, slots=True)
 class Aborted:
-    """A request cancelled before it was admitted: an `abort` final without running it."""
+    """A request cancelled before it was admitted: an `abort` final without running it
+    (finish_reason "expired": its deadline passed before it was read)."""
 
     ticket: int
     request_id: str
@@ -90,6 +92,7 @@ class Aborted:
     headers: Headers = field(default_factory=list)
     tenant: str | None = None
     reply_to: str | None = None
+    finish_reason: str = "abort"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,9 @@ class AddRequest:
     arrival_time: float | None = None
     tools: list[dict[str, Any]] | None = None
     dimensions: int | None = None  # an embedding request's cut (EmbeddingEngine)
+    lora: str | None = None                  # the LoRA adapter the request names (engine/lora)
+    tenant: str | None = None                # (absent unless set, as tools)
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

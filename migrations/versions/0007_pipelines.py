@@ -1,8 +1,8 @@
 """pipelines: webhook endpoints, the batch-events outbox, deliveries and their attempts;
 an index for a running batch's finished lines (partial results); batches.output_expires_after and parquet_source; files.location (object storage)
 
-Revision ID: 0007_pipelines
-Revises: 0010
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-03
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007_pipelines"
-down_revision: str | None = "0010"
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
