@@ -118,7 +118,8 @@ def start(systems, src: pathlib.Path, w4: str, env: dict[str, str]) -> dict:
     return workers
 
 
-def run(workers: dict, threads: list[int], repeats: int, b1_prompt, b64_prompts) -> dict:
+def run(workers: dict, threads: list[int], repeats: int, b1_prompt, b64_prompts, b1_tokens: int = 128,
+        b64_tokens: int = 64) -> dict:
     res = {k: {t: {"b1_ms": [], "b1_cpu_ms": [], "b64_tok_s": [], "b64_tok_cpu_s": []} for t in threads}
            for k in workers}
     tokens = {}
@@ -133,8 +134,8 @@ def run(workers: dict, threads: list[int], repeats: int, b1_prompt, b64_prompts)
         w0 = time.perf_counter()
         for t in threads:
             for k in keys[rep % len(keys):] + keys[:rep % len(keys)]:
-                s = workers[k].call(op="stream", prompt=b1_prompt, tokens=128, threads=t)
-                b = workers[k].call(op="batch", prompts=b64_prompts, tokens=64, threads=t)
+                s = workers[k].call(op="stream", prompt=b1_prompt, tokens=b1_tokens, threads=t)
+                b = workers[k].call(op="batch", prompts=b64_prompts, tokens=b64_tokens, threads=t)
                 r = res[k][t]
                 n = len(s["wall"]) - 1
                 r["b1_ms"].append((s["wall"][-1] - s["wall"][0]) / n * 1e3)
@@ -245,6 +246,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--systems", default=",".join(f"{s}:{q}" for s, q in SYSTEMS),
                    help="comma list of system:precision")
+    p.add_argument("--stream-tokens", type=int, default=128, help="tokens of the batch-1 stream (the issue: 128)")
+    p.add_argument("--batch-tokens", type=int, default=64, help="tokens of each of the 64 requests (the issue: 64)")
     p.add_argument("--w4", default="w4-g32", help="the inflight w4 variant (benchmarks/quantization.py names)")
     p.add_argument("--omp-wait-policy", choices=["default", "passive", "active"], default="default",
                    help="OMP_WAIT_POLICY for every system's process alike (all three use GNU OpenMP); "
@@ -256,14 +259,16 @@ def main() -> None:
     src = model_path(args.model)
     b1 = prose_prompts(src, args.seed, 1, 32, 32)[0]
     b64 = prose_prompts(src, args.seed + 1, args.num_requests, 16, 64)
-    print(f"model {src.name}; threads {threads}; {args.repeats} repeats; {os.cpu_count()} CPUs, "
+    print(f"model {src.name}; threads {threads}; {args.repeats} repeats; batch 1: 32-token prompt x "
+          f"{args.stream_tokens} tokens; {len(b64)} requests of 16-64 tokens x {args.batch_tokens} tokens; "
+          f"{os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}; OMP_WAIT_POLICY "
           f"{os.environ.get('OMP_WAIT_POLICY', 'unset') if args.omp_wait_policy == 'default' else args.omp_wait_policy}",
           flush=True)
     env = {} if args.omp_wait_policy == "default" else {"OMP_WAIT_POLICY": args.omp_wait_policy.upper()}
     workers = start(systems, src, args.w4, env)
     try:
-        out = run(workers, threads, args.repeats, b1, b64)
+        out = run(workers, threads, args.repeats, b1, b64, args.stream_tokens, args.batch_tokens)
     finally:
         for w in workers.values():
             w.close()
