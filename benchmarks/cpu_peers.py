@@ -184,8 +184,9 @@ def report(out: dict, threads: list[int]) -> list[tuple]:
             rows.append((f"{k[0]} {k[1]}", t, f"{agreement(toks[(('inflight', same), t)], toks[(k, t)]):.1%}"
                          if same and (("inflight", same), t) in toks else "-",
                          f"{agreement(toks[(ref, t)], toks[(k, t)]):.1%}"))
-    print_table("greedy agreement with inflight, tokens position by position (last repeat)", rows,
-                ("system", "threads", "same precision", "vs inflight fp32"))
+    if rows:
+        print_table("greedy agreement with inflight, tokens position by position (last repeat)", rows,
+                    ("system", "threads", "same precision", "vs inflight fp32"))
     return rows
 
 
@@ -213,8 +214,9 @@ def targets(figs: dict, threads: list[int]) -> list[tuple]:
         ratio = a / b
         holds = ratio <= 1.1 if better == "lower" else ratio >= 1 / 1.1
         rows.append((name, t, m, f"{a:.2f}", f"{b:.2f}", f"{ratio:.2f}x", "holds" if holds else "MISSES"))
-    print_table("targets (issue 30), within 10%", rows, ("target", "threads", "metric", "inflight", "peer",
-                                                         "ratio", ""))
+    if rows:
+        print_table("targets (issue 30), within 10%", rows, ("target", "threads", "metric", "inflight", "peer",
+                                                             "ratio", ""))
     return rows
 
 
