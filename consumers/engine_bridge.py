@@ -90,12 +90,15 @@ def engine_config(settings: Settings) -> Any:
     kw = settings.engine_options()
     kw.setdefault("max_num_seqs", settings.worker_max_inflight)
     kw.setdefault("cache_dir", settings.cache_dir)  # start-up measurements kept there
+    if settings.worker_loras:
+        kw.setdefault("max_loras", len(settings.worker_loras))
     return EngineConfig(model=str(resolve_model(settings.model_path, settings.cache_dir)), **kw)
 
 
 def build_engine(settings: Settings) -> Any:
     """The worker's engine (engine_config); `--device cuda:auto` claims free GPUs first."""
     from inflight.engine import Engine
+    from inflight.engine.embedding_engine import EmbeddingEngine, is_embedding_model
 
     config = engine_config(settings)
     claim = None
@@ -105,6 +108,12 @@ def build_engine(settings: Settings) -> Any:
         index, claim = claim_gpu(settings.gpu_lock_dir or Path(settings.data_dir) / "gpu-locks",
                                  torch.cuda.device_count(), config.tensor_parallel_size)
         config = dataclasses.replace(config, device=f"cuda:{index}")  # rank r: cuda:index + r
-    engine = Engine(config)
+    kind = settings.model_kind
+    if kind == "embed" or (kind == "auto" and is_embedding_model(config.model)):
+        engine = EmbeddingEngine(config)
+    else:
+        engine = Engine(config)
+        for name, path in settings.worker_loras.items():  # read and checked now: a bad one stops the start
+            engine.add_lora(name, path)
     engine.device_claim = claim  # NOTE: keeps the GPUs' lock files open as long as the engine lives
     return engine

@@ -14,6 +14,7 @@ from inflight.engine.sampler import SamplingBatch
 
 if TYPE_CHECKING:
     from inflight.engine.grammar import GrammarMatcher
+    from inflight.engine.lora.slots import LoraStep
 
 
 @dataclass
@@ -68,6 +69,11 @@ class DeviceStep:
     prompt_targets: torch.Tensor | None = None
     logprob_top_n: int = 0
     prompt_top_n: int = 0
+    # logits processors (engine/logits_processors.py): each logits row's batch row, and
+    # the sampler rows among them (None: every row samples); None when no row uses one
+    proc_rows: torch.Tensor | None = None
+    proc_samplers: torch.Tensor | None = None
+    lora: LoraStep | None = None      # which tokens use which adapter slot (engine/lora/slots.py)
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ largest batch (engine/startup.py) and the figures are logged.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 import logging
 import pathlib
@@ -38,7 +39,7 @@ from typing import Sequence
 import torch
 
 from inflight.engine.config import EngineConfig
-from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.engine.detokenizer import IncrementalDetokenizer, output_text
 from inflight.engine.device import DeviceScope, resolve_device
 from inflight.engine.kv_sizing import MemoryProbe
 from inflight.engine.kv_cache_manager import KVCacheManager
@@ -54,7 +55,9 @@ from inflight.engine.startup import build_device_side
 from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
 from inflight.engine.errors import EngineDeadError, InflightError
-from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
+from inflight.engine.lora.adapter import LoraError
+from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_MODEL_NOT_FOUND, ERR_PROMPT_TOO_LONG
+from inflight.engine.lora import LoraAdapter, LoraManager, LoraSlots
 from inflight.engine.grammar_queue import GrammarQueue
 
 log = logging.getLogger(__name__)
@@ -90,8 +93,13 @@ class Engine:
         self.tokenizer = Tokenizer(folder, self.model.config.eos_token_ids)
         root = hashlib.blake2b(f"{folder.resolve()}|{config.dtype}".encode(), digest_size=16).digest()
         self.kv = KVCacheManager(self.num_kv_blocks, config.block_size, config.enable_prefix_caching, root)
+        self.lora = self._build_lora() if config.max_loras else None
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_preemptions)
+                                   config.max_preemptions, lora=self.lora,
+                                   fair_share=config.fair_share,
+                                   tenant_weights=config.tenant_weights)
+        # (deadline, arrival index, request) of the requests that have one (a heap)
+        self._deadlines: list[tuple[float, int, Request]] = []
         self.overlap = config.resolve_overlap_outputs()
         self._inflight: StepHandle | None = None  # launched, outputs not processed (overlap)
         self.requests: dict[str, Request] = {}
@@ -103,6 +111,38 @@ class Engine:
         self.spec = build_spec_decoder(config, self.runner, self.kv)  # None without speculative_config
         # constrained requests whose grammar is compiling (not queued yet)
         self.grammars = GrammarQueue(self.tokenizer, self.model.config.vocab_size, self.runner)
+        self._num_processed = 0  # live requests with logits processors (no speculation then)
+
+    def _build_lora(self) -> LoraManager:
+        """The adapters' slot tensors on the model, and their manager (engine/lora)."""
+        c = self.config
+        with self.scope:
+            slots = LoraSlots(self.model.config, c.max_loras, c.max_lora_rank, c.torch_dtype,
+                              self.model.device, kernel=self.ops.name == "triton")
+        self.model.lora = slots
+        return LoraManager(self.model.config, slots, c.lora_cpu_capacity)
+
+    # -- LoRA adapters ------------------------------------------------------------------
+    def add_lora(self, name: str, path: str | pathlib.Path) -> LoraAdapter:
+        """Register the PEFT LoRA folder `path` as adapter `name` (read and checked now:
+        LoraError); requests name it by `lora`. Loaded into a slot when a request needs it."""
+        if self.lora is None:
+            raise LoraError(f"this engine serves no LoRA adapters (max_loras=0): set "
+                            f"EngineConfig.max_loras (inflight worker --max-loras) to load {name!r}")
+        return self.lora.add(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        """Unregister adapter `name` (LoraError while an unfinished request names it)."""
+        if self.lora is None:
+            raise LoraError(f"adapter {name!r} is not loaded (this engine serves none: max_loras=0)")
+        self.lora.remove(name, sum(1 for r in self.requests.values() if r.lora == name))
+
+    def list_loras(self) -> list[dict]:
+        """The registered adapters: name, path, rank, and whether each is resident in a slot."""
+        if self.lora is None:
+            return []
+        m = self.lora
+        return [{"name": n, "path": str(m.paths[n]), "resident": n in m.slot_of} for n in m.names()]
 
     def close(self) -> None:
         """Stop the engine's tensor-parallel ranks (or release a group it was given); a
@@ -121,11 +161,18 @@ class Engine:
                     prompt_token_ids: Sequence[int] | None = None,
                     params: SamplingParams | None = None, priority: int = 0, *,
                     messages: Sequence[dict] | None = None, arrival_time: float | None = None,
-                    extra_keys: tuple = (), tools: Sequence[dict] | None = None) -> None:
+                    extra_keys: tuple = (), tools: Sequence[dict] | None = None,
+                    lora: str | None = None, tenant: str | None = None,
+                    deadline: float | None = None) -> None:
         """Queue a request (text `prompt`, `prompt_token_ids`, or chat `messages`). Lower
         `priority` values are served first. Problems with the request itself surface as a
         final output with finish_reason "error" at the next step. `tools`: OpenAI function
-        definitions for a chat template that renders them (`tokenizer.takes_tools`)."""
+        definitions for a chat template that renders them (`tokenizer.takes_tools`).
+        `lora`: the name of a registered LoRA adapter to run with (`add_lora`); unknown:
+        an error final `model_not_found`. `tenant`: who it is for (fair share,
+        EngineConfig.fair_share). `deadline` (epoch seconds): not started by then, it ends
+        with finish_reason "expired" without running; running then, it stops and ends
+        "expired" with the tokens it produced."""
         if request_id in self.requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already active in this "
                                         "engine; wait for its final output or abort it first")
@@ -141,20 +188,36 @@ class Engine:
                     prompt_token_ids = self.tokenizer.encode(prompt) if prompt else []
         except InflightError as exc:
             prompt_token_ids, error = [], (ERR_INVALID_REQUEST, str(exc))
+        extra_keys = tuple(extra_keys)
+        if lora is not None:
+            if self.lora is None or lora not in self.lora:
+                served = self.lora.names() if self.lora is not None else []
+                error = error or (ERR_MODEL_NOT_FOUND, f"LoRA adapter {lora!r} is not loaded here "
+                                  f"(loaded: {served}): load it first (inflight lora load)")
+            else:
+                # NOTE: the same prompt under two adapters (or two versions of one) never
+                # shares KV blocks: the adapter's identity is in every block hash
+                extra_keys = (("lora", lora, self.lora.digests[lora]),) + extra_keys
         req = Request(request_id, list(prompt_token_ids), params, priority,
                       arrival_time=arrival_time or time.time(), arrival_index=next(self._arrivals),
-                      extra_keys=tuple(extra_keys))
+                      extra_keys=extra_keys, lora=lora if error is None else None,
+                      tenant=tenant, deadline=deadline)
         req.max_num_tokens = min(req.num_prompt_tokens + params.max_tokens, self.max_model_len)
-        error = error or self._validate(req)
+        error = error or self._validate(req) or self._processors(req)
         if error is not None:
             code, message = error
             self._pending.append(self._finish_output(req, "error", message, code))
             return
-        if params.seed is not None:
+        if params.seed is not None and params.temperature > 0:  # greedy rows never draw
             req.generator = torch.Generator(device=self.model.device)
             req.generator.manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
+        if deadline is not None and deadline <= time.time():
+            self._pending.append(self._finish_output(req, "expired", None))
+            return
         self.requests[request_id] = req
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, req.arrival_index, req))
         if params.structured_outputs is not None:
             self.grammars.submit(req)  # queued once compiled (_admit_compiled)
         else:
@@ -194,6 +257,39 @@ class Engine:
                     f"{self.num_kv_blocks}: lower max_tokens or raise EngineConfig.kv_cache_bytes")
         return None
 
+    def _processors(self, req: Request) -> tuple[str, str] | None:
+        """Set up req's logits processors (engine/logits_processors.py); (error code,
+        message) when it asks for one this engine cannot apply."""
+        p = req.params
+        if not p.uses_logits_processors:
+            return None
+        vocab = self.model.config.vocab_size
+        for name, ids in (("logit_bias", p.logit_bias or ()), ("allowed_token_ids", p.allowed_token_ids or ())):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                return ERR_INVALID_REQUEST, (f"{name} names token id {bad}, outside the model's "
+                                             f"vocabulary [0, {vocab})")
+        if self.spec is not None and p.speculative:
+            return ERR_INVALID_REQUEST, (
+                "penalties, logit_bias, min_p, min_tokens, bad_words and allowed_token_ids are "
+                "not supported with speculative decoding (they apply to one logits row per "
+                "request, a verification has several): leave speculative unset or false")
+        banned = []
+        for word in p.bad_words:
+            for variant in (word, " " + word.lstrip(" ")):  # as vLLM: with and without a space
+                ids = self.tokenizer.encode(variant, add_special_tokens=False)
+                if len(ids) > 1:
+                    return ERR_INVALID_REQUEST, (
+                        f"bad_words entry {variant!r} is {len(ids)} tokens for this model: only "
+                        "words of one token are supported (a longer word is not supported: "
+                        "banning it needs the output's tail at every step); ban its tokens "
+                        "with logit_bias -100 instead")
+                banned += ids
+        req.banned_token_ids = tuple(dict.fromkeys(banned))
+        self.runner.enable_logits_processors(self.eos_token_ids)
+        self._num_processed += 1
+        return None
+
     def abort(self, request_id: str) -> bool:
         """Stop a waiting or running request; its final output (finish_reason "abort")
         comes with the next step. Returns False for unknown or finished ids."""
@@ -211,8 +307,20 @@ class Engine:
         with self.scope:
             return self._step()
 
+    def _expire(self, outputs: list[RequestOutput]) -> None:
+        """End the requests whose deadline has passed (before anything is scheduled: one
+        not started never runs)."""
+        now = time.time()
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            req = heapq.heappop(heap)[2]
+            if not req.is_finished and self.requests.get(req.request_id) is req:
+                outputs.append(self._finish(req, "expired", None))
+
     def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        if self._deadlines:
+            self._expire(outputs)
         if self.grammars.waiting:
             self._admit_compiled(outputs)
             if self.grammars.waiting and not outputs and not self.scheduler.has_unfinished() \
@@ -220,7 +328,8 @@ class Engine:
                 self.grammars.nap()
                 self._admit_compiled(outputs)
         if self.overlap:
-            if self.spec is None or not self.spec.may_speculate(self.scheduler.running):
+            if self.spec is None or self._num_processed or \
+                    not self.spec.may_speculate(self.scheduler.running):
                 return self._step_overlapped(outputs)
             # NOTE: drafts are proposed from the last step's tokens: a step that may
             # speculate runs synchronously, after the step in flight is processed
@@ -229,7 +338,10 @@ class Engine:
                 self._process(prev, outputs)
         if not self.scheduler.has_unfinished():
             return outputs
-        drafts = self.spec.propose(self.scheduler.running) if self.spec is not None else None
+        # NOTE: logits processors run on one logits row per request: while a request that
+        # uses one is live (waiting ones too: they may join this step), nothing speculates
+        drafts = (self.spec.propose(self.scheduler.running)
+                  if self.spec is not None and not self._num_processed else None)
         sched = self._schedule(outputs, drafts)
         if sched.is_empty:
             return outputs
@@ -417,6 +529,8 @@ class Engine:
         if self.spec is not None:
             self.spec.finished(req, completed=reason in ("stop", "length"))
         self.grammars.discard(req)  # if still compiling
+        if req.params.uses_logits_processors and req.request_id in self.requests:
+            self._num_processed -= 1
         self.scheduler.remove(req)
         self.runner.remove(req)
         self.requests.pop(req.request_id, None)
@@ -431,8 +545,13 @@ class Engine:
         detok = req.detok
         if detok is None:  # refused before it had a detokenizer
             return RequestOutput.final(req, "", "", new_token_ids or [], error_code)
-        return RequestOutput.final(req, detok.take_delta(final=True), detok.text,
-                                   new_token_ids or [], error_code, detok.stop_hit)
+        # NOTE: the final text is decoded once from the final tokens (engine/detokenizer.py
+        # output_text), never the deltas joined: the one text of these tokens on every path
+        p = req.params
+        text, stop_hit = output_text(self.tokenizer, detok.context, req.output_token_ids,
+                                     p.stop, p.stop_token_ids, self.eos_token_ids, p.ignore_eos)
+        return RequestOutput.final(req, detok.finish(text), text, new_token_ids or [],
+                                   error_code, stop_hit)
 
     # -- offline use ------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
@@ -470,6 +589,10 @@ class Engine:
     def stats(self) -> dict:
         out = self.counters.snapshot(self.kv, self.scheduler)
         out.update(self.grammars.stats())
+        if self.lora is not None:
+            out.update(self.lora.stats())
+            out["lora_running"] = sorted({r.lora for r in self.scheduler.running if r.lora})
+            out["lora_waiting"] = sorted({r.lora for r in self.scheduler.waiting if r.lora})
         if self.spec is not None:
             out.update(self.spec.stats.snapshot())
         return out

@@ -58,6 +58,7 @@ from inflight.engine.device_step import (DeviceOutput, DeviceStep, DraftProbs, S
                                          StepHandle, StepOrderError)
 from inflight.engine.input_batch import InputBatch
 from inflight.engine.logprobs import LogprobRows, StepLogprobs, prompt_logprob_rows
+from inflight.engine.lora.slots import LoraStep
 from inflight.engine.model import AttentionMetadata, DecoderModel
 from inflight.engine.request import Request
 from inflight.engine.sampler import SamplingBatch, sample
@@ -107,7 +108,7 @@ class ModelRunner:
         self.batch = InputBatch(max_num_seqs, max_blocks, self.device, poison=poison,
                                 shared=not separate)
         # room for a prompt-logprob step's extra rows too, so it needs no regrowth (a sync)
-        self.staging = Staging(7 * max_num_seqs + 4 * max_num_batched_tokens + 64, self.device,
+        self.staging = Staging(7 * max_num_seqs + 5 * max_num_batched_tokens + 64, self.device,
                                separate=separate, stream=self.stream)
         # the last step's sampled ids, by position in that step (inputs of pending decodes)
         self.sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=self.device)
@@ -122,6 +123,8 @@ class ModelRunner:
         self.num_device_fed = 0  # input tokens taken from the last step's samples (overlap)
         self._greedy = SamplingBatch(torch.empty(0), None, None, [], True)
         self.bitmasks = None  # engine.bitmask.BitmaskStage, set by enable_structured_outputs
+        # engine.logits_processors.LogitsProcessors, set by enable_logits_processors
+        self.procs = None
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs:
             self.graphs = DecodeGraphs(max_num_seqs, self.device, self._decode_body, self.vocab_size)
@@ -155,6 +158,16 @@ class ModelRunner:
         if self.bitmasks is None:
             self.bitmasks = BitmaskStage(compiler, self.max_num_seqs, self.device,
                                          separate=self.staging.separate, stream=self.stream)
+
+    def enable_logits_processors(self, eos_token_ids) -> None:
+        """Per-row state for penalties, biases and the like (the first request that uses
+        one; a runner without them never pays for them)."""
+        from inflight.engine.logits_processors import LogitsProcessors
+
+        if self.procs is None:
+            self.procs = LogitsProcessors(self.max_num_seqs, self.vocab_size, self.device,
+                                          eos_token_ids)
+            self.batch.procs = self.procs
 
     # -- the batch's rows ----------------------------------------------------------------
     def remove(self, req: Request) -> None:
@@ -193,24 +206,43 @@ class ModelRunner:
                                      "proposed from the tokens of the step before")
             if self.drafter is not None:
                 inputs.draft_rows = self.drafter.prob_rows(sched.requests, sched.spec_token_ids)
-        step = self._device_views(inputs, *self._pack(inputs))
+        lora = self._plan_lora(inputs)
+        packed = self._pack(inputs, lora)
+        step = self._device_views(inputs, *packed)
+        if lora is not None:
+            lay, dev = packed[0], packed[1]
+            if region_len(lay.lora_slots):  # the kernel reads each token's slot on the device
+                lora.token_slots = dev[lay.lora_slots]
+            step.lora = lora
         out = self.device_step(step)
         return self._handle(inputs, step, out, seq, overlapped)
 
-    def _padded_size(self, inputs: StepInputs) -> int | None:
+    def _plan_lora(self, inputs: StepInputs) -> LoraStep | None:
+        """Which tokens use which adapter slot (None: no request of the step has one)."""
+        if self.model.lora is None:
+            return None
+        slots = [req.lora_slot for req in inputs.requests]
+        if max(slots, default=-1) < 0:
+            return None
+        return LoraStep.plan(slots, list(inputs.num_tokens), self.device)
+
+    def _padded_size(self, inputs: StepInputs, lora: LoraStep | None = None) -> int | None:
         """P when the step runs padded on the static decode buffers, else None: a step
         with prompt rows to score runs eagerly (the graphs return n rows only), and so
-        does a verification step (T > n)."""
+        does a verification step (T > n) and a step with adapters (engine/lora: the
+        graphs hold no adapter slots)."""
         n = inputs.n
-        if self.graphs is None or inputs.num_tokens_total != n or inputs.prompt_rows:
+        if self.graphs is None or inputs.num_tokens_total != n or inputs.prompt_rows or lora is not None:
             return None
         return self.graphs.padded_size(n)
 
-    def _pack(self, inputs: StepInputs) -> tuple[StepLayout, torch.Tensor, int | None, bool]:
+    def _pack(self, inputs: StepInputs, lora: LoraStep | None = None
+              ) -> tuple[StepLayout, torch.Tensor, int | None, bool]:
         """Write the step's inputs into the staging buffer and send it: (layout, device
         buffer, P of a padded step or None, whether some row samples randomly)."""
         batch, n, T = self.batch, inputs.n, inputs.num_tokens_total
-        P = self._padded_size(inputs)
+        P = self._padded_size(inputs, lora)
+        lora_kernel = lora is not None and self.model.lora.kernel
         L, TL = P or n, P or T   # rows in the packed inputs (padded for a graph step)
         temp = top_k = top_p = None
         if batch.num_random:
@@ -225,7 +257,7 @@ class ModelRunner:
             top_k=0 if top_k is None else n, top_p=0 if top_p is None else n,
             logprob_rows=len(inputs.lp_pos) * (1 if spec is None else spec.width + 1),
             prompt_rows=R, prompt_targets=R, spec=0 if spec is None else spec.size(n),
-            draft_rows=0 if inputs.draft_rows is None else n)
+            draft_rows=0 if inputs.draft_rows is None else n, lora_slots=T if lora_kernel else 0)
         buf = self.staging.host(lay.size)
         _put(buf, lay.rows, inputs.rows, batch.pad_row)
         _put(buf, lay.seq_lens, inputs.seq_lens, 0)
@@ -256,6 +288,8 @@ class ModelRunner:
             spec.pack(buf, lay.spec.start)
             if inputs.draft_rows is not None:
                 buf[lay.draft_rows] = inputs.draft_rows
+        if lora_kernel:
+            buf[lay.lora_slots] = np.repeat([req.lora_slot for req in inputs.requests], inputs.num_tokens)
         return lay, self.staging.send(lay.size), P, temp is not None
 
     def _device_views(self, inputs: StepInputs, lay: StepLayout, dev: torch.Tensor,
@@ -265,8 +299,17 @@ class ModelRunner:
         batch, n, T = self.batch, inputs.n, inputs.num_tokens_total
         if lay.diffs.stop > lay.diffs.start:
             batch.apply_diffs(dev[lay.diffs])
-        step = DeviceStep(n, T, P, self._sampling(inputs, lay, dev) if random else self._greedy,
+        procs = self.procs
+        proc_rows = None
+        if procs is not None and procs.active and inputs.spec is None:
+            proc_rows = dev[lay.rows.start:lay.rows.start + n].long()
+        step = DeviceStep(n, T, P, self._sampling(inputs, lay, dev, proc_rows) if random else self._greedy,
                           inputs.masked)
+        if proc_rows is not None:
+            step.proc_rows = proc_rows
+            if len(inputs.sample_pos) != n:  # a mid-prompt chunk's sample is not an output token
+                step.proc_samplers = torch.tensor(inputs.sample_pos, dtype=torch.long).to(
+                    self.device, non_blocking=True)
         if inputs.lp_pos:
             step.logprob_rows = dev[lay.logprob_rows].long()
             step.logprob_top_n = max(r.params.logprobs for r in inputs.lp_reqs)
@@ -291,7 +334,8 @@ class ModelRunner:
             step.masked = [(spec.first[i], m) for i, m in inputs.masked]
         return step
 
-    def _sampling(self, inputs: StepInputs, lay: StepLayout, dev: torch.Tensor) -> SamplingBatch:
+    def _sampling(self, inputs: StepInputs, lay: StepLayout, dev: torch.Tensor,
+                  proc_rows: torch.Tensor | None = None) -> SamplingBatch:
         """Some row samples randomly: its settings, as device views.
         NOTE: a seeded request draws from its own generator only in the steps where it
         samples, so its draws do not depend on the rest of the batch."""
@@ -301,7 +345,9 @@ class ModelRunner:
                 gens[i] = req.generator
         top_k = dev[lay.top_k].long() if region_len(lay.top_k) else None
         top_p = dev[lay.top_p].view(torch.float32) if region_len(lay.top_p) else None
-        return SamplingBatch(dev[lay.temperature].view(torch.float32), top_k, top_p, gens, False)
+        min_p = self.procs.min_p(proc_rows) if proc_rows is not None else None
+        return SamplingBatch(dev[lay.temperature].view(torch.float32), top_k, top_p, gens, False,
+                             min_p)
 
     def _handle(self, inputs: StepInputs, step: DeviceStep, out: DeviceOutput, seq: int,
                 overlapped: bool) -> StepHandle:
@@ -370,6 +416,9 @@ class ModelRunner:
             logits, hidden = self._eager_forward(step)
         if step.masked:
             self.bitmasks.apply(logits, step.masked)
+        raw = logits  # what logprobs report: the model's (masked) logits
+        if step.proc_rows is not None:  # never in a verification (SpecDecoder.may_speculate)
+            logits = self.procs.apply(logits, step.proc_rows)
         spec = step.spec
         if spec is not None:
             logits = logits[spec.vidx]
@@ -381,6 +430,11 @@ class ModelRunner:
                 targets = emitted.reshape(-1).clamp(min=0)  # the target of each logit row
         else:
             sampled = targets = sample(logits, step.sampling, self.generator)
+            if step.proc_rows is not None:
+                at = step.proc_samplers
+                self.procs.count(step.proc_rows if at is None else step.proc_rows[at],
+                                 sampled if at is None else sampled[at])
+        logits = raw
         out = DeviceOutput(sampled)
         rows = step.logprob_rows
         if rows is not None:
@@ -408,7 +462,7 @@ class ModelRunner:
         bs = self.block_size
         slots = block_tables[token_req, positions // bs].long() * bs + positions % bs
         meta = AttentionMetadata(slot_mapping=slots, block_tables=block_tables, seq_lens=seq_lens,
-                                 query_start_loc=qsl)
+                                 query_start_loc=qsl, lora=step.lora)
         last = qsl[1:].long() - 1 if step.logit_rows is None else step.logit_rows
         if self.draft is not None:
             self._mirror(ids, positions, meta)

@@ -14,7 +14,10 @@ from inflight.engine.logprobs import TokenLogprob
 from inflight.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the grammar engine loads with the first constrained request only
+    from inflight.engine.fair_share import TenantShare
     from inflight.engine.grammar import GrammarMatcher
+
+_NO_DEADLINE = float("inf")
 
 
 class RequestStatus(enum.Enum):
@@ -24,7 +27,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-FINISH_REASONS = ("stop", "length", "abort", "error")
+FINISH_REASONS = ("stop", "length", "abort", "error", "expired")
 
 
 @dataclass(eq=False)
@@ -47,6 +50,9 @@ class Request:
     arrival_time: float = field(default_factory=time.time)
     arrival_index: int = 0
     extra_keys: tuple = ()  # anything besides tokens that changes the KV (adapter ids)
+    lora: str | None = None  # the LoRA adapter it runs with (engine/lora), None: the base model
+    tenant: str | None = None  # who it is for (fair share between tenants)
+    deadline: float | None = None  # epoch seconds: expired (not started: never run) after it
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -77,6 +83,12 @@ class Request:
     # params.structured_outputs: the request's position in its grammar, from admission
     # (its compile is the GrammarQueue's until then)
     grammar: GrammarMatcher | None = None
+    # params.bad_words as the token ids they ban (set by the engine; engine/logits_processors.py)
+    banned_token_ids: tuple[int, ...] = ()
+    # the slot of its adapter while it runs (engine/lora/manager.py), else -1
+    lora_slot: int = -1
+    # its tenant's counter (engine/fair_share.py; set when the scheduler queues it)
+    share: TenantShare | None = None
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
@@ -120,3 +132,13 @@ class Request:
     def sort_key(self) -> tuple[int, int]:
         """Lower priority value first, then earlier arrival (vLLM convention)."""
         return (self.priority, self.arrival_index)
+
+    @property
+    def queue_key(self) -> tuple[float, int]:
+        """Order within its (class, tenant) queue: earlier deadline, then earlier arrival."""
+        return (_NO_DEADLINE if self.deadline is None else self.deadline, self.arrival_index)
+
+    @property
+    def started(self) -> bool:
+        """Admitted to a step at least once (its cached prefix is known from then on)."""
+        return self.num_cached_tokens >= 0

@@ -56,9 +56,10 @@ class ServedModel:
 
     def card(self) -> dict[str, Any]:
         """OpenAI's Model object, plus vLLM's `max_model_len` and `parent` (an adapter's
-        base model; null for a base model)."""
+        base model; null for a base model) and `kind`: "generate" or "embed" (an embedding
+        model: POST /v1/embeddings)."""
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": OWNER,
-                "max_model_len": self.max_model_len, "parent": self.parent}
+                "max_model_len": self.max_model_len, "parent": self.parent, "kind": self.kind}
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,9 @@ class ModelsClient:
         live = self.live()
         found = live.get(model)
         if found is not None:
-            if found.default:
+            # NOTE: an adapter of the default model reads the default's topics but keeps its
+            # own name on the wire (the worker runs it as the base model + that adapter)
+            if found.default and found.parent is None:
                 return self._live_default_route
             return Route(model, model, found.topics, found.max_model_len, True)
         if allow_unserved:

@@ -6,6 +6,7 @@ Unknown request ids print "not found" and exit 1 (never a trace).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
@@ -17,7 +18,8 @@ from inflight.schemas import SchemaError, Settings, parse_batch_line
 
 def _params(args: Any) -> dict[str, Any]:
     p: dict[str, Any] = {}
-    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"):
         value = getattr(args, name, None)
         if value is not None:
             p[name] = value
@@ -25,10 +27,25 @@ def _params(args: Any) -> dict[str, Any]:
         p["stop"] = args.stop
     if args.ignore_eos:
         p["ignore_eos"] = True
+    if getattr(args, "logit_bias", None):
+        p["logit_bias"] = dict(_bias(item) for item in args.logit_bias)
+    if getattr(args, "bad_words", None):
+        p["bad_words"] = args.bad_words
+    if getattr(args, "allowed_token_ids", None):
+        p["allowed_token_ids"] = args.allowed_token_ids
     so = _structured(args)
     if so is not None:
         p["structured_outputs"] = so
     return p
+
+
+def _bias(item: str) -> tuple[str, float]:
+    """--logit-bias TOKEN_ID=BIAS"""
+    tid, sep, bias = item.partition("=")
+    try:
+        return str(int(tid)), float(bias)
+    except ValueError:
+        raise SystemExit(f"--logit-bias {item!r}: write TOKEN_ID=BIAS, e.g. 50256=-100") from None
 
 
 def _structured(args: Any) -> dict[str, Any] | None:
@@ -86,7 +103,8 @@ def cmd_submit(args: Any, settings: Settings) -> int:
             return 2
         prompt = " ".join(args.prompt)
         kw: dict[str, Any] = {"request_id": args.id, "batch_id": args.batch_id,
-                              "model": args.model, "allow_unserved": args.allow_unserved}
+                              "model": args.model, "allow_unserved": args.allow_unserved,
+                              "tenant": args.tenant, "timeout": args.expire_after}
         if args.priority is not None:
             kw["priority"] = args.priority
         if args.chat:
@@ -117,7 +135,7 @@ def _submit_file(args: Any, client: Any) -> int:
                 bad += 1
                 print(f"{args.file}: {exc.message}", file=sys.stderr)
     ids = client.submit_many(reqs, progress=None if not args.json else False, model=args.model,
-                             allow_unserved=args.allow_unserved)
+                             allow_unserved=args.allow_unserved, tenant=args.tenant)
     cli_io.out(args, f"submitted {len(ids)} requests from {args.file}" + (f" ({bad} bad lines skipped)" if bad else ""),
          {"submitted": len(ids), "bad_lines": bad, "request_ids": ids})
     return 1 if bad else 0
@@ -189,6 +207,8 @@ def cmd_worker(args: Any, settings: Settings) -> int:
     from inflight.consumers.engine_bridge import build_engine
     from inflight.consumers.worker import run_worker
 
+    if getattr(args, "worker_loras", None):
+        args.worker_loras = dict(args.worker_loras)  # --lora NAME=PATH, repeated
     settings = with_flags(args, settings)
     return run_worker(settings, build_engine(settings))
 
@@ -200,6 +220,13 @@ def cmd_recorder(args: Any, settings: Settings) -> int:
     rec.install_signal_handlers()
     rec.run()
     return 0
+
+
+def _lora_module(value: str) -> tuple[str, str]:
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--lora {value!r}: give NAME=PATH (a PEFT LoRA folder)")
+    return name, path
 
 
 def _mib(value: str) -> int:
@@ -216,6 +243,9 @@ def _add_worker_flags(w: Any) -> None:
                    help="the model id requests name (default: the folder's name); its "
                         "request topics and group are its own unless it is "
                         "INFLIGHT_DEFAULT_MODEL")
+    w.add_argument("--model-kind", dest="model_kind", default=None, choices=("auto", "generate", "embed"),
+                   help="embed: serve embeddings (default auto: a sentence-transformers folder "
+                        "or an encoder architecture embeds, others generate)")
     w.add_argument("--max-inflight", dest="worker_max_inflight", type=int, default=None)
     w.add_argument("--metrics-port", dest="metrics_port", type=int, default=None,
                    help="Prometheus /metrics port")
@@ -243,9 +273,22 @@ def _add_worker_flags(w: Any) -> None:
                    choices=("auto", "int8", "fp8", "fp8_e4m3"),
                    help="KV cache element type: auto (the model dtype), int8 or fp8 e4m3 with "
                         "per-token scales, ~2x the tokens of bf16")
+    w.add_argument("--lora", dest="worker_loras", action="append", type=_lora_module, default=None,
+                   metavar="NAME=PATH", help="serve the PEFT LoRA folder PATH as model NAME on "
+                   "this base model (repeatable; INFLIGHT_WORKER_LORAS as JSON)")
+    w.add_argument("--max-loras", dest="max_loras", default=None,
+                   help="LoRA adapters resident at once (default: as many as --lora gives)")
+    w.add_argument("--max-lora-rank", dest="max_lora_rank", default=None,
+                   help="the largest LoRA rank (16)")
+    w.add_argument("--max-cpu-loras", dest="max_cpu_loras", default=None,
+                   help="LoRA adapters kept read in host memory (default: --max-loras)")
     w.add_argument("--speculative-config", dest="speculative_config", default=None, metavar="JSON",
                    help='speculative decoding with vLLM\'s keys, e.g. \'{"method": "ngram", '
                         '"num_speculative_tokens": 4}\'')
+    w.add_argument("--fair-share", dest="fair_share", default=None, metavar="BOOL",
+                   help="fair share between tenants within a priority class (true)")
+    w.add_argument("--tenant-weights", dest="tenant_weights", default=None, metavar="JSON",
+                   help='tenant weights, e.g. \'{"team-a": 1, "team-b": 3}\' (others: 1)')
 
 
 def _add_sampling(p: Any) -> None:
@@ -256,6 +299,17 @@ def _add_sampling(p: Any) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--presence-penalty", type=float, default=None, help="OpenAI's, -2..2")
+    p.add_argument("--frequency-penalty", type=float, default=None, help="OpenAI's, -2..2")
+    p.add_argument("--repetition-penalty", type=float, default=None, help="transformers', > 0 (1 = off)")
+    p.add_argument("--min-p", type=float, default=None, help="0..1")
+    p.add_argument("--min-tokens", type=int, default=None)
+    p.add_argument("--logit-bias", action="append", default=None, metavar="TOKEN_ID=BIAS",
+                   help="add BIAS (-100..100) to a token's logit (repeatable)")
+    p.add_argument("--bad-word", dest="bad_words", action="append", default=None,
+                   help="a word never to emit (repeatable)")
+    p.add_argument("--allowed-token-id", dest="allowed_token_ids", action="append", type=int,
+                   default=None, help="sample only these token ids (repeatable)")
 
 
 def register(sub: Any) -> None:
@@ -273,6 +327,11 @@ def register(sub: Any) -> None:
                         "with --file, for lines that name none")
     s.add_argument("--allow-unserved", action="store_true",
                    help="submit for a model no live worker serves yet (it waits in its topic)")
+    s.add_argument("--tenant", default=None, metavar="NAME",
+                   help="who the requests are for (fair share, usage; default INFLIGHT_TENANT)")
+    s.add_argument("--expire-after", dest="expire_after", type=float, default=None,
+                   metavar="SECONDS", help="the request's timeout: not done by then, it ends "
+                                           "`expired` (docs/tenants.md)")
     _add_sampling(s)
     c = s.add_mutually_exclusive_group()  # structured outputs (docs/structured-outputs.md)
     c.add_argument("--json-schema", metavar="FILE", default=None,
