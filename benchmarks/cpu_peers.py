@@ -145,7 +145,7 @@ def run(workers: dict, threads: list[int], repeats: int, b1_prompt, b64_prompts,
                 r["b64_tok_cpu_s"].append(out / b["cpu"])
                 tokens[(k, t)] = [s["tokens"]] + b["tokens"]
                 print(f"  {k[0]} {k[1]}, {t} thread(s): batch 1 {r['b1_ms'][-1]:.1f} ms/token "
-                      f"({r['b1_cpu_ms'][-1]:.1f} CPU), 64 requests {r['b64_tok_s'][-1]:.1f} tok/s "
+                      f"({r['b1_cpu_ms'][-1]:.1f} CPU), {len(b64_prompts)} requests {r['b64_tok_s'][-1]:.1f} tok/s "
                       f"({r['b64_tok_cpu_s'][-1]:.1f} per CPU-s)", flush=True)
         print(f"repeat {rep + 1}/{repeats}: {time.perf_counter() - w0:.0f} s, load average "
               f"{load:.2f} at start, {os.getloadavg()[0]:.2f} at end", flush=True)
@@ -165,12 +165,12 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return sum(x == y for x, y in pairs) / len(pairs)
 
 
-def report(out: dict, threads: list[int]) -> list[tuple]:
+def report(out: dict, threads: list[int], n: int = 64) -> list[tuple]:
     figs, toks = out["figures"], out["tokens"]
     keys = list(figs)
     names = [f"{s} {p}" for s, p in keys]
-    for metric, label in (("b1_ms", "batch 1, ms/token"), ("b64_tok_s", "64 requests, tok/s"),
-                          ("b1_cpu_ms", "batch 1, CPU ms/token"), ("b64_tok_cpu_s", "64 requests, tok/CPU-s")):
+    for metric, label in (("b1_ms", "batch 1, ms/token"), ("b64_tok_s", f"{n} requests, tok/s"),
+                          ("b1_cpu_ms", "batch 1, CPU ms/token"), ("b64_tok_cpu_s", f"{n} requests, tok/CPU-s")):
         rows = [(f"{label}, {t} thread{'s' if t > 1 else ''}", *(cell(figs[k][t][metric]) for k in keys))
                 for t in threads]
         print_table(label + ": median (min-max) over repeats", rows, ("", *names))
@@ -220,7 +220,7 @@ def targets(figs: dict, threads: list[int]) -> list[tuple]:
     return rows
 
 
-def plot(figs: dict, threads: list[int], path: str) -> None:
+def plot(figs: dict, threads: list[int], path: str, n: int = 64) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -229,7 +229,7 @@ def plot(figs: dict, threads: list[int], path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     width = 0.8 / len(threads)
     for ax, metric, title in ((axes[0], "b1_ms", "batch 1: ms/token (lower is better)"),
-                              (axes[1], "b64_tok_s", "64 requests: output tok/s (higher is better)")):
+                              (axes[1], "b64_tok_s", f"{n} requests: output tok/s (higher is better)")):
         for j, t in enumerate(threads):
             vals = [statistics.median(figs[k][t][metric]) for k in keys]
             ax.bar([i + j * width for i in range(len(keys))], vals, width, label=f"{t} thread(s)")
@@ -249,7 +249,7 @@ def main() -> None:
     p.add_argument("--systems", default=",".join(f"{s}:{q}" for s, q in SYSTEMS),
                    help="comma list of system:precision")
     p.add_argument("--stream-tokens", type=int, default=128, help="tokens of the batch-1 stream (the issue: 128)")
-    p.add_argument("--batch-tokens", type=int, default=64, help="tokens of each of the 64 requests (the issue: 64)")
+    p.add_argument("--batch-tokens", type=int, default=64, help="tokens of each of the --num-requests requests (the issue: 64 x 64)")
     p.add_argument("--w4", default="w4-g32", help="the inflight w4 variant (benchmarks/quantization.py names)")
     p.add_argument("--omp-wait-policy", choices=["default", "passive", "active"], default="default",
                    help="OMP_WAIT_POLICY for every system's process alike (all three use GNU OpenMP); "
@@ -274,14 +274,14 @@ def main() -> None:
     finally:
         for w in workers.values():
             w.close()
-    agree = report(out, threads)
+    agree = report(out, threads, len(b64))
     checks = targets(out["figures"], threads)
     print(f"load average at end {os.getloadavg()[0]:.2f}")
     figs = {f"{s} {q}": v for (s, q), v in out["figures"].items()}
     write_json(args.json, {"figures": figs, "agreement": agree, "targets": checks, "args": vars(args)})
     if args.plot:
         pathlib.Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        plot(out["figures"], threads, args.plot)
+        plot(out["figures"], threads, args.plot, len(b64))
 
 
 if __name__ == "__main__":
