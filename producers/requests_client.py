@@ -217,6 +217,8 @@ class RequestsClient:
         topic = topic or self.topic_for(req)
         if self.tracer is not None:
             return self._send_traced(req, topic, value, headers)
+        if headers is None:  # serving an HTTP caller that sent its trace context (the API)
+            headers = tracing.caller_context()
         return self._send(req, topic, value, request_headers(req, headers))
 
     def _send(self, req: InferenceRequest, topic: str, value: bytes,

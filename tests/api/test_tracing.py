@@ -124,3 +124,29 @@ def test_tracing_is_off_without_an_endpoint_and_on_with_one(monkeypatch):
     assert tracing.endpoint(Settings()) == "http://collector:4318"
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     assert tracing.endpoint(on) is None
+
+
+def test_tracing_off_the_callers_traceparent_still_reaches_kafka(bare):
+    """No OTLP endpoint: the API files the request with the HTTP caller's traceparent and
+    tracestate (a malformed one: a fresh trace instead)."""
+    from inflight.api.keys import create_key
+    from tests.consumers.conftest import read_topic
+
+    key = create_key(bare.store, "trace-off")
+    caller = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01".encode()
+    ids = {}
+    with bare.http(key) as http:
+        for name, header in (("valid", caller), ("malformed", b"00-nothex-01")):
+            rid = f"{name}-{uuid.uuid4().hex[:8]}"
+            r = http.post("/v1/requests", json={"request_id": rid, "prompt": "x"},
+                          headers={"traceparent": header.decode(), "tracestate": "v=1"})
+            assert r.status_code == 202, r.text
+            ids[name] = rid.encode()
+    recs = read_topic(bare.settings, bare.settings.topic_requests,
+                      until=lambda rs: set(ids.values()) <= {r.key for r in rs})
+    got = {r.key: dict(r.headers) for r in recs if r.key in ids.values()}
+    assert got[ids["valid"]]["traceparent"] == caller
+    assert got[ids["valid"]]["tracestate"] == b"v=1"
+    fresh = got[ids["malformed"]]["traceparent"]
+    assert fresh != b"00-nothex-01" and len(fresh) == 55
+    assert got[ids["valid"]]["inflight-request-id"] == ids["valid"]
