@@ -52,7 +52,7 @@ def build_request(item: Any, params: SamplingParams | Mapping | None = None, *,
              request_id: str | None = None, priority: int | None = None,
              metadata: Mapping | None = None, batch_id: str | None = None,
              tools: list | None = None, tool_choice: Any = None,
-             model: str | None = None) -> InferenceRequest:
+             model: str | None = None, reply_to: str | None = None) -> InferenceRequest:
     """One InferenceRequest from what submit accepts (a prompt, chat messages, token ids, a
     dict of request fields or an InferenceRequest); SchemaError names the first bad field."""
     if isinstance(item, InferenceRequest):
@@ -86,6 +86,8 @@ def build_request(item: Any, params: SamplingParams | Mapping | None = None, *,
         fields["tool_choice"] = tool_choice
     if model is not None:
         fields["model"] = model
+    if reply_to is not None:
+        fields["reply_to"] = reply_to
     fields.setdefault("submitted_at", time.time())
     try:
         return InferenceRequest.model_validate(fields)
@@ -179,7 +181,8 @@ class RequestsClient:
                priority: int = PRIORITY_INTERACTIVE, metadata: Mapping | None = None,
                batch_id: str | None = None, flush: bool = True, tools: list | None = None,
                tool_choice: Any = None, model: str | None = None,
-               allow_unserved: bool = False, headers: Headers | None = None) -> str:
+               allow_unserved: bool = False, headers: Headers | None = None,
+               reply_to: str | None = None) -> str:
         """Publish one request; returns its request_id (a given one is kept).
         `params` may constrain the output (`{"structured_outputs": {"json": SCHEMA}}`, or
         SamplingParams(structured_outputs=...)); `tools` / `tool_choice` (OpenAI's, with
@@ -187,11 +190,13 @@ class RequestsClient:
         `model`: the model to run it (None: the default model); a model no live worker
         serves is a ModelNotFoundError, unless `allow_unserved` (it waits in its topic for
         workers that start later). `headers`: extra record headers (`traceparent` /
-        `tracestate` of the caller's trace; any other is copied onto the request's events)."""
+        `tracestate` of the caller's trace; any other is copied onto the request's events).
+        `reply_to`: a topic of yours that also gets its final event (and its deltas when it
+        streams): docs/kafka-contract.md."""
         req = build_request(messages if messages is not None else prompt, params,
                             request_id=request_id, priority=priority, metadata=metadata,
                             batch_id=batch_id, tools=tools, tool_choice=tool_choice,
-                            model=model)
+                            model=model, reply_to=reply_to)
         self._publish(*self.routed(req, allow_unserved), headers=headers)
         if flush:
             self.flush()
