@@ -47,6 +47,7 @@ class Result:
     logprobs: dict[str, Any] | None = None  # requests.logprobs (see store.rows.logprobs_column)
     tool_calls: list[dict[str, Any]] | None = None  # a request with tools: its answer's calls
     model: str | None = None  # the model it named, then the one that ran it
+    trace_id: str | None = None  # the W3C trace id of its traceparent (docs/tracing.md)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -92,7 +93,8 @@ class ResultsClient:
                       batch_id=row.batch_id, worker=row.worker,
                       created_at=row.created_at.timestamp() if row.created_at else None,
                       finished_at=row.finished_at.timestamp() if row.finished_at else None,
-                      logprobs=row.logprobs, tool_calls=row.tool_calls, model=row.model)
+                      logprobs=row.logprobs, tool_calls=row.tool_calls, model=row.model,
+                      trace_id=row.trace_id)
 
     def wait_many(self, request_ids: Iterable[str], timeout: float | None = None,
                   poll_s: float = 0.2) -> dict[str, Result]:
