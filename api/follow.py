@@ -31,11 +31,11 @@ from inflight.producers.models_client import Route
 from inflight.schemas import PRIORITY_BATCH, ErrorEvent, FinalEvent, TokenEvent
 from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
                                      ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
-                                     ERR_PROMPT_TOO_LONG)
+                                     ERR_PROMPT_TOO_LONG, ERR_WRONG_MODEL_KIND)
 from inflight.store import queued_row
 from inflight.store.owner_queries import release_request
 
-_CLIENT_ERRORS = {ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
+_CLIENT_ERRORS = {ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE, ERR_WRONG_MODEL_KIND,
                   ERR_PROMPT_TOO_LONG}
 WAITING_KEEPALIVE = b" "
 RESTARTED = ("the request was redone on another worker and wrote a different text; "

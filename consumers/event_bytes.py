@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from inflight.schemas.base import SCHEMA_VERSION
+from inflight.schemas.embeddings import encode_vector
 
 if TYPE_CHECKING:
     from inflight.engine.outputs import RequestOutput
@@ -59,6 +60,9 @@ def final_event(request_id: str, attempt: str, out: RequestOutput, *, worker: st
         event["tool_calls"] = tool_calls
     if getattr(out, "stop_reason", None) is not None:
         event["stop_reason"] = out.stop_reason
+    vector = getattr(out, "embedding", None)  # an EmbeddingOutput's float32 vector
+    if vector is not None:
+        event["embedding"] = encode_vector(vector)
     return orjson.dumps(event)
 
 

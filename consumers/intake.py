@@ -50,7 +50,7 @@ from inflight.consumers.thread_messages import (Aborted, Admitted, HandBack, Par
 from inflight.consumers.watermark_commits import WatermarkCommits
 from inflight.schemas import SchemaError, Settings, decode_request
 from inflight.schemas.base import ID_RE
-from inflight.schemas.events import ERR_MODEL_NOT_FOUND, ERR_REPLY_TO_REFUSED
+from inflight.schemas.events import ERR_MODEL_NOT_FOUND, ERR_REPLY_TO_REFUSED, ERR_WRONG_MODEL_KIND
 
 log = logging.getLogger("inflight.worker")
 
@@ -255,6 +255,10 @@ class Intake:
                          self.serving.refusal(req.model, tp.topic), "model", req.batch_id,
                          model=req.model)
             return
+        if req.kind != self.serving.kind:  # an embedding request to a generation model, or the reverse
+            self._reject(tp, rec, rid, ERR_WRONG_MODEL_KIND, self.serving.kind_refusal(req.kind),
+                         "kind", req.batch_id, model=req.model, tenant=_tenant(req))
+            return
         if req.reply_to is not None:
             refusal = self.reply_topics.refusal(req.reply_to)
             if refusal is not None:
@@ -294,7 +298,8 @@ class Intake:
             key=rec.key, tools=uses_tools, tenant=_tenant(req), reply_to=req.reply_to))
         self.engine.add(attempt, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                         params=params, priority=req.priority, messages=messages,
-                        arrival_time=now, **extra)
+                        arrival_time=now, **extra,
+                        **({"dimensions": req.dimensions} if req.dimensions is not None else {}))
         self.metrics.inc("admitted")
         if self.engine_metrics is not None:
             self.engine_metrics.observe_queue_time(now - req.submitted_at)

@@ -156,6 +156,7 @@ class AddRequest:
     messages: list[dict[str, Any]] | None = None
     arrival_time: float | None = None
     tools: list[dict[str, Any]] | None = None
+    dimensions: int | None = None  # an embedding request's cut (EmbeddingEngine)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,10 @@ Speculative decoding: a decoding request with drafts (engine/spec/) gets 1 + len
 tokens, its last token and the drafts, verified in the same forward pass. Drafts are just
 more tokens to compute: they count against the budget (cut to fit it) and get KV slots;
 after verification the engine rolls the computed count back past the rejected ones.
+
+`chunked_prefill=False` (an encoder's embedding requests: bidirectional attention needs the
+whole sequence in one pass): a waiting request is admitted only when all its tokens fit
+in what is left of the step's budget, and it never runs in chunks.
 """
 
 from __future__ import annotations
@@ -58,8 +62,9 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_preemptions: int):
+                 max_preemptions: int, chunked_prefill: bool = True):
         self.kv = kv
+        self.chunked_prefill = chunked_prefill
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_preemptions = max_preemptions
@@ -172,6 +177,8 @@ class Scheduler:
             if self.kv.next_block_in(req, len(cached), in_flight):
                 i += 1
                 continue
+            if not self.chunked_prefill and req.num_tokens - num_cached > budget:
+                break  # whole sequences only: it waits for a step with room
             n = min(req.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(req, n, cached):
                 break  # wait for blocks to free up; never preempt to admit

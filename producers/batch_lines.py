@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from inflight.schemas import SchemaError, Settings
 from inflight.schemas.anthropic_batch import MESSAGES_URL, anthropic_batch_request
 from inflight.schemas.base import ID_RE, MAX_ID_LEN
-from inflight.schemas.batch import CHAT_URL, COMPLETIONS_URL, openai_batch_request
+from inflight.schemas.batch import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, openai_batch_request
 from inflight.schemas.codec import load_object
 from inflight.schemas.json_text import refuse_nul
 from inflight.schemas.errors import ConfigError, ModelNotFoundError
@@ -41,7 +41,7 @@ from inflight.schemas.requests import PRIORITY_BATCH, InferenceRequest
 if TYPE_CHECKING:
     from inflight.producers.models_client import ModelsClient
 
-ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, MESSAGES_URL)
+ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, EMBEDDINGS_URL)
 MAX_CUSTOM_ID = 512
 
 

@@ -33,7 +33,8 @@ import orjson
 
 from inflight.schemas.anthropic_batch import MESSAGES_URL
 from inflight.schemas.anthropic_message import message_object
-from inflight.schemas.batch import CHAT_URL
+from inflight.schemas.batch import CHAT_URL, EMBEDDINGS_URL
+from inflight.schemas.embeddings import unpack_vector
 from inflight.schemas.json_text import parse_json
 from inflight.schemas.tools import parse_tool_calls
 from inflight.store import BatchRow, Store
@@ -102,7 +103,12 @@ def openai_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, endpoin
         p, c = _usage(row)
         usage = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
         finish = _OPENAI_STOP.get(row.get("finish_reason") or "stop", "stop")
-        if endpoint == CHAT_URL:
+        if endpoint == EMBEDDINGS_URL:  # OpenAI's embedding response, one input a line
+            body = {"object": "list", "model": model,
+                    "data": [{"object": "embedding", "index": 0,
+                              "embedding": unpack_vector(row.get("embedding") or b"")}],
+                    "usage": {"prompt_tokens": p, "total_tokens": p}}
+        elif endpoint == CHAT_URL:
             message = {"role": "assistant", "content": row.get("output") or ""}
             tools = tools or bool(row.get("tool_calls"))
             if tools:  # content: the text outside the calls, no markup of a cut call

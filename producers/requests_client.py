@@ -17,6 +17,7 @@ a request's submit time when it was not submitted here, and the state a wait ret
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -32,6 +33,7 @@ from inflight.schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, 
                               TokenEvent, encode)
 from inflight.schemas.cancel import batch_cancel, request_cancel
 from inflight.schemas.codec import schema_error
+from inflight.schemas.embeddings import decode_vector
 from inflight.schemas.errors import BrokerError, CapacityError, InflightError
 from inflight.schemas.headers import (TRACEPARENT, TRACESTATE, Headers, get_header, header_key,
                                       header_value, message_headers, new_traceparent)
@@ -41,6 +43,10 @@ from inflight.transport.kafka_clients import producer
 from inflight.producers.models_client import ModelsClient
 from inflight.producers.results_client import NOT_FOUND, RequestNotFound, Result, ResultsClient
 from inflight.producers.results_reader import ResultsReader
+
+class EmbedError(InflightError, ValueError):
+    """An input given to `Client.embed` was not embedded (the message names its index)."""
+
 
 STREAM_CLOCK_SLACK_S = 5.0   # a submit time of another process: this much earlier (clock skew)
 STREAM_LOOKBACK_S = 3600.0   # unknown submit time: look back this far
@@ -329,6 +335,55 @@ class RequestsClient:
             raise BrokerError(f"publishing to {topic} failed: {exc}") from exc
         self.flush()
         return n
+
+    def embed(self, texts: Any, *, model: str | None = None, dimensions: int | None = None,
+              timeout: float = 120.0, chunk: int = 1000,
+              allow_unserved: bool = False) -> list[list[float]]:
+        """Embed texts (or token-id lists; one text alone is a list of one) on an embedding
+        model's workers; returns one float vector per input, in order. Each input is one
+        Kafka request of kind "embed"; their final events carry the vectors. EmbedError
+        names the first input that failed (with the worker's reason); RequestNotFound when
+        an answer does not come within `timeout` seconds. At most `chunk` inputs are in
+        flight at once."""
+        items = [texts] if isinstance(texts, str) else list(texts)
+        out: list[list[float]] = []
+        for lo in range(0, len(items), chunk):
+            out += self._embed_chunk(items[lo:lo + chunk], lo, model, dimensions, timeout,
+                                     allow_unserved)
+        return out
+
+    def _embed_chunk(self, items: list, first: int, model: str | None, dimensions: int | None,
+                     timeout: float, allow_unserved: bool) -> list[list[float]]:
+        reqs = []
+        for i, item in enumerate(items, first):
+            field = "prompt" if isinstance(item, str) else "prompt_token_ids"
+            try:
+                req = build_request({field: item, "kind": "embed", "dimensions": dimensions,
+                                     "stream": False}, model=model)
+            except SchemaError as exc:
+                raise EmbedError(f"input {i}: {exc}") from None
+            reqs.append(self.routed(req, allow_unserved))
+        deadline = time.monotonic() + timeout
+        with contextlib.ExitStack() as stack:
+            # followed first (since=None: published after this call), so no event is missed
+            follows = [stack.enter_context(self.reader.follow(req.request_id)) for req, _ in reqs]
+            for req, topic in reqs:
+                self.send(req, topic)
+            self.flush()
+            vectors = []
+            for i, ((req, _), f) in enumerate(zip(reqs, follows), first):
+                final = None
+                for event in f.events(deadline, lambda rid=req.request_id: RequestNotFound(
+                        f"no answer for input {i} (request {rid}) within {timeout:.0f}s; "
+                        "is an embedding worker running? (`inflight models`)")):
+                    final = event
+                if isinstance(final, ErrorEvent):
+                    raise EmbedError(f"input {i}: {final.message} ({final.code})")
+                if final is None or final.embedding is None:
+                    raise EmbedError(f"input {i}: the worker answered without a vector (is "
+                                     f"{req.model or 'the default model'} an embedding model?)")
+                vectors.append(decode_vector(final.embedding))
+        return vectors
 
     # -- following -----------------------------------------------------------------------------
     def wait(self, request_id: str, timeout: float | None = None, poll_s: float = 0.1) -> Result:

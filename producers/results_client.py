@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from inflight.schemas import Settings
+from inflight.schemas.embeddings import unpack_vector
 from inflight.schemas.errors import InflightError
 from inflight.store import FINAL_STATUSES, Store
 
@@ -48,6 +49,7 @@ class Result:
     tool_calls: list[dict[str, Any]] | None = None  # a request with tools: its answer's calls
     model: str | None = None  # the model it named, then the one that ran it
     trace_id: str | None = None  # the W3C trace id of its traceparent (docs/tracing.md)
+    embedding: list[float] | None = None  # an embedding request's vector
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -94,7 +96,8 @@ class ResultsClient:
                       created_at=row.created_at.timestamp() if row.created_at else None,
                       finished_at=row.finished_at.timestamp() if row.finished_at else None,
                       logprobs=row.logprobs, tool_calls=row.tool_calls, model=row.model,
-                      trace_id=row.trace_id)
+                      trace_id=row.trace_id,
+                      embedding=None if row.embedding is None else unpack_vector(row.embedding))
 
     def wait_many(self, request_ids: Iterable[str], timeout: float | None = None,
                   poll_s: float = 0.2) -> dict[str, Result]:

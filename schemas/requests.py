@@ -28,6 +28,7 @@ MAX_PROMPT_TOKEN_IDS = 1_048_576
 MAX_METADATA_KEYS = 64
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+RequestKind = Literal["generate", "embed"]
 
 
 class ChatMessage(WireModel):
@@ -89,6 +90,11 @@ class InferenceRequest(WireModel):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     reply_to: TopicName | None = None
+    # "embed": an embedding request (a `prompt` or `prompt_token_ids`, no sampling): its
+    # FinalEvent carries the vector (`embedding`), for a worker serving an embedding model
+    # (schemas/embeddings.py); `dimensions` cuts the vector (Matryoshka), embed only
+    kind: RequestKind = "generate"
+    dimensions: int | None = Field(default=None, ge=1, le=65536)
 
     @model_validator(mode="before")
     @classmethod
@@ -141,6 +147,11 @@ class InferenceRequest(WireModel):
         if named is not None and named not in {t.function.name for t in self.tools}:
             raise FieldError("tool_choice", f"names function {named!r}, which is not among "
                              "the tools")
+        if self.kind == "embed" and self.messages is not None:
+            raise FieldError("messages", "an embedding request embeds a 'prompt' (text) or "
+                             "'prompt_token_ids', not chat messages")
+        if self.dimensions is not None and self.kind != "embed":
+            raise FieldError("dimensions", "only an embedding request (kind 'embed') has dimensions")
         limit = (info.context or {}).get("max_prompt_chars") if info.context else None
         if limit is not None and self.prompt_chars > limit:
             raise FieldError(given[0], f"is {self.prompt_chars} characters, over the limit "

@@ -127,6 +127,10 @@ class Settings(BaseSettings):
     # the model id a worker serves (and announces; clients send it as `model`); None = the
     # name of the model folder (INFLIGHT_MODEL_PATH's, else the bundled model's)
     served_model_name: str | None = None
+    # what the worker's model does: "generate" (text), "embed" (vectors: EmbeddingEngine),
+    # or "auto": embed for a sentence-transformers folder (modules.json) or an encoder
+    # architecture (BERT), generate otherwise (`inflight worker --model-kind`)
+    model_kind: Literal["auto", "generate", "embed"] = "auto"
     # Several models in one deployment: the model whose workers read today's request
     # topics (inflight.requests, inflight.requests.batch) and which a request without a
     # `model` goes to; the others each read their own (transport/model_topics.py). None =

@@ -121,6 +121,8 @@ class RequestRow(Base):
     timings: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     logprobs: Mapped[Any | None] = mapped_column(JSONType)
     tool_calls: Mapped[Any | None] = mapped_column(JSONType)  # OpenAI's message.tool_calls
+    # an embedding request's vector: float32 little-endian bytes (schemas/embeddings.py)
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
     error: Mapped[str | None] = mapped_column(Text)
     error_code: Mapped[str | None] = mapped_column(String(64))
     # admissions of the request by a worker (its status events), counted once each: a

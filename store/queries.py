@@ -384,7 +384,7 @@ class Store(BatchQueries, FileQueries):
             return {}
         t = RequestRow.__table__.c
         cols = (t.id, t.status, t.output, t.finish_reason, t.usage, t.error, t.error_code,
-                t.finished_at, t.tool_calls)
+                t.finished_at, t.tool_calls, t.embedding)
         if self.dialect == "postgresql":  # one array parameter, not a thousand binds
             cond = t.id == any_(bindparam("ids", ids, type_=postgresql.ARRAY(String)))
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import datetime, timezone
 from typing import Any
 
@@ -62,7 +63,8 @@ def final_row(event: FinalEvent) -> dict[str, Any]:
             "started_at": _ts(t.scheduled_at if t.scheduled_at is not None else t.queued_at),
             "finished_at": _ts(t.finished_at), "logprobs": logprobs_column(event),
             "tool_calls": (None if event.tool_calls is None
-                           else [c.model_dump(mode="json") for c in event.tool_calls])}
+                           else [c.model_dump(mode="json") for c in event.tool_calls]),
+            "embedding": None if event.embedding is None else base64.b64decode(event.embedding)}
 
 
 def logprobs_column(event: FinalEvent) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inflight.schemas.batch import CHAT_URL, COMPLETIONS_URL
+from inflight.schemas.batch import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
 
 Window = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}[smhd]$",
                               description="how long the batch may take, e.g. 24h (N s|m|h|d)")]
@@ -19,7 +19,7 @@ Metadata = Annotated[dict[Annotated[str, Field(max_length=64)],
 class CreateBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input_file_id: Annotated[str, Field(min_length=1, max_length=128)]
-    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
     completion_window: Window = "24h"
     metadata: Metadata | None = None
 
@@ -115,4 +115,4 @@ class MessageBatchList(BaseModel):
     last_id: str | None
 
 
-OPENAI_ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
+OPENAI_ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)

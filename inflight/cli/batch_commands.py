@@ -201,7 +201,7 @@ def register(sub: Any) -> None:
     c = bsub.add_parser("create", help="upload a JSONL file and start a batch; prints its id")
     c.add_argument("file")
     c.add_argument("--endpoint", default="/v1/chat/completions",
-                   help="/v1/chat/completions | /v1/completions | /v1/messages (Anthropic)")
+                   help="/v1/chat/completions | /v1/completions | /v1/embeddings | /v1/messages (Anthropic)")
     c.add_argument("--window", default="24h", help="completion window, e.g. 24h, 90m")
     c.add_argument("--metadata", action="append", default=None, metavar="K=V")
     c.add_argument("--no-wait", action="store_true", help="return once the batch exists")

@@ -216,6 +216,9 @@ def _add_worker_flags(w: Any) -> None:
                    help="the model id requests name (default: the folder's name); its "
                         "request topics and group are its own unless it is "
                         "INFLIGHT_DEFAULT_MODEL")
+    w.add_argument("--model-kind", dest="model_kind", default=None, choices=("auto", "generate", "embed"),
+                   help="embed: serve embeddings (default auto: a sentence-transformers folder "
+                        "or an encoder architecture embeds, others generate)")
     w.add_argument("--max-inflight", dest="worker_max_inflight", type=int, default=None)
     w.add_argument("--metrics-port", dest="metrics_port", type=int, default=None,
                    help="Prometheus /metrics port")

@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     from inflight.cli import models_commands  # models (the registry)
 
     models_commands.register(sub)
+    from inflight.cli import embed_commands  # embed FILE
+
+    embed_commands.register(sub)
     return p
 
 

@@ -2,8 +2,8 @@
 row leads to its trace (docs/tracing.md); NULL for rows written before, and for requests
 that came without a well-formed traceparent
 
-Revision ID: 0010_contract
-Revises: 0006
+Revision ID: 0010
+Revises: 0008
 Create Date: 2026-12-03
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0010_contract"
-down_revision: str | None = "0006"
+revision: str = "0010"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
