@@ -38,6 +38,10 @@ class TracingMiddleware:
                 await send(message)
 
             await self.app(scope, receive, send_traced)
+            route = getattr(scope.get("route"), "path", None)
+            if route:  # the route's template, not the path: /v1/requests/{request_id}
+                span.update_name(f"{method} {route}")
+                span.set_attribute("http.route", route)
 
 
 class TraceparentMiddleware:

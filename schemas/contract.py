@@ -196,6 +196,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "request.reply-to": {"request_id": "req-0006", "prompt": "Summarize the log",
                          "params": {"max_tokens": 32}, "reply_to": "team-a.replies",
                          "stream": True},
+    "request.embed": {"request_id": "req-0007", "kind": "embed",
+                      "prompt": "Kafka is a distributed log", "dimensions": 32},
     "request.token-ids": {"request_id": "req-0004", "prompt_token_ids": [1, 15043, 29892],
                           "params": {"max_tokens": 4, "ignore_eos": True}},
     "token-event": {"type": "token", "schema_version": 1, "request_id": "req-0001",
