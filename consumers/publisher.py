@@ -52,8 +52,8 @@ from inflight.consumers.tracked_sends import DLQ, FINAL, REPLY, Ending, Message,
 from inflight.schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, Settings
 from inflight.schemas.headers import event_headers
 from inflight.schemas.tools import parse_tool_calls
-from inflight.transport.partitioner import key_hash, partition_of
 from inflight.transport import tracing
+from inflight.transport.partitioner import key_hash, partition_of
 from inflight.transport.results_producer import ResultsProducer
 
 if TYPE_CHECKING:
