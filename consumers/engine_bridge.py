@@ -90,6 +90,8 @@ def engine_config(settings: Settings) -> Any:
     kw = settings.engine_options()
     kw.setdefault("max_num_seqs", settings.worker_max_inflight)
     kw.setdefault("cache_dir", settings.cache_dir)  # start-up measurements kept there
+    if settings.worker_loras:
+        kw.setdefault("max_loras", len(settings.worker_loras))
     return EngineConfig(model=str(resolve_model(settings.model_path, settings.cache_dir)), **kw)
 
 
@@ -111,5 +113,7 @@ def build_engine(settings: Settings) -> Any:
         engine = EmbeddingEngine(config)
     else:
         engine = Engine(config)
+        for name, path in settings.worker_loras.items():  # read and checked now: a bad one stops the start
+            engine.add_lora(name, path)
     engine.device_claim = claim  # NOTE: keeps the GPUs' lock files open as long as the engine lives
     return engine

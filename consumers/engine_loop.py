@@ -90,11 +90,12 @@ class EngineLoop:
             prompt_token_ids: list[int] | None = None, params: SamplingParams | None = None,
             priority: int = 0, messages: list[dict[str, Any]] | None = None,
             arrival_time: float | None = None,
-            tools: list[dict[str, Any]] | None = None, dimensions: int | None = None) -> None:
+            tools: list[dict[str, Any]] | None = None, dimensions: int | None = None,
+            lora: str | None = None) -> None:
         """engine.add_request(attempt, ...) on the engine's thread (AddFailed to the
         publisher if the engine refuses it)."""
         self.inbox.put(AddRequest(attempt, prompt, prompt_token_ids, params, priority,
-                                  messages, arrival_time, tools, dimensions))
+                                  messages, arrival_time, tools, dimensions, lora))
 
     def abort(self, attempt: str) -> None:
         self.inbox.put(AbortRequest(attempt))
@@ -185,6 +186,8 @@ class EngineLoop:
         extra = {} if cmd.tools is None else {"tools": cmd.tools}
         if cmd.dimensions is not None:  # an embedding request's (EmbeddingEngine)
             extra["dimensions"] = cmd.dimensions
+        if cmd.lora is not None:
+            extra["lora"] = cmd.lora
         try:
             self.engine.add_request(cmd.attempt, prompt=cmd.prompt,
                                     prompt_token_ids=cmd.prompt_token_ids, params=cmd.params,

@@ -286,6 +286,7 @@ class Intake:
             return
         params = req.params  # the engine's SamplingParams, validated when decoded
         messages, extra = chat_inputs(req, self.template_takes_tools)
+        lora = self.serving.lora_of(req.model)
         uses_tools = req.tools is not None and req.tool_choice != "none"
         self._add_job(Job(ticket, rid, attempt, tp, [(tp, rec.offset)], running=True,
                           batch_id=req.batch_id))
@@ -295,10 +296,11 @@ class Intake:
             ticket=ticket, request_id=rid, attempt=attempt, stream=req.wants_stream,
             batch_id=req.batch_id, submitted_at=req.submitted_at, queued_at=now,
             source=_source(tp, rec.offset), raw=rec.value, headers=list(rec.headers or []),
-            key=rec.key, tools=uses_tools, tenant=_tenant(req), reply_to=req.reply_to))
+            key=rec.key, tools=uses_tools, tenant=_tenant(req), reply_to=req.reply_to,
+            model=lora.get("lora")))
         self.engine.add(attempt, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                         params=params, priority=req.priority, messages=messages,
-                        arrival_time=now, **extra,
+                        arrival_time=now, **extra, **lora,
                         **({"dimensions": req.dimensions} if req.dimensions is not None else {}))
         self.metrics.inc("admitted")
         if self.engine_metrics is not None:

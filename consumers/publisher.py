@@ -384,7 +384,7 @@ class EventPublisher:
                                             batch_id=job.batch_id, submitted_at=job.submitted_at,
                                             queued_at=job.queued_at, logprobs=lps,
                                             prompt_logprobs=prompt_lps,
-                                            tool_calls=calls or None, model=self.model)
+                                            tool_calls=calls or None, model=job.model or self.model)
         except (orjson.JSONEncodeError, TypeError) as exc:
             self._engine_error(st, ERR_INTERNAL, f"the final event could not be encoded: {exc}")
             return
@@ -403,8 +403,8 @@ class EventPublisher:
         self._reject(Rejected(ticket=job.ticket, request_id=job.request_id, code=code,
                               message=message, field=None, batch_id=job.batch_id,
                               source=job.source, raw=raw, headers=job.headers, key=job.key,
-                              attempt=job.attempt, model=self.model, tenant=job.tenant,
-                              reply_to=st.reply_to))
+                              attempt=job.attempt, model=job.model or self.model,
+                              tenant=job.tenant, reply_to=st.reply_to))
 
     def _reject(self, r: Rejected) -> None:
         key = r.request_id.encode() if r.request_id is not None else None

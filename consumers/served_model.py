@@ -12,6 +12,12 @@ model, or, unset, unless live workers of another model read the default's topics
 (consumers/worker.py reads the registry at start); a request with no `model` (or `default`)
 is the default model's. Anything else that reaches a worker (a producer wrote it to another
 model's topic) ends `model_not_found` and never runs on these weights.
+
+LoRA adapters (engine/lora, `inflight worker --lora NAME=PATH`): their names are model ids
+too, listed in the worker's record (`adapters`; readers list each with `parent` = this
+model) and routed to this model's topics; a request naming one runs on this model with
+that adapter (`lora_of`). The set changes while the worker runs (adapters loaded and
+unloaded at run time), so it is kept in `adapters`, a set shared by reference.
 """
 
 from __future__ import annotations
@@ -44,6 +50,14 @@ def served_model_id(settings: Settings, engine: Any) -> str:
     return name
 
 
+def check_adapter_name(name: str) -> str:
+    """An adapter's name is a model id (requests name it by `model`): ConfigError if not."""
+    if not isinstance(name, str) or not MODEL_ID_RE.match(name):
+        raise ConfigError(f"LoRA adapter name {name!r} is not a model id (visible ASCII "
+                          "characters, no spaces, at most 128): rename it (--lora NAME=PATH)")
+    return name
+
+
 def _quantization(engine: Any) -> str | None:
     quant = getattr(getattr(getattr(engine, "model", None), "config", None), "quantization", None)
     return getattr(quant, "label", None) or (str(quant) if quant is not None else None)
@@ -57,16 +71,21 @@ class Serving:
     dtype: str | None = None
     quantization: str | None = None
     kind: str = "generate"  # "embed": an embedding model (engine.kind)
+    adapters: set[str] = dataclasses.field(default_factory=set)
 
     @classmethod
     def of(cls, settings: Settings, engine: Any) -> "Serving":
         model = served_model_id(settings, engine)
         config = getattr(engine, "config", None)
         length = getattr(engine, "max_model_len", None)
+        loras = getattr(engine, "list_loras", None)
+        for a in loras() if loras is not None else ():
+            check_adapter_name(a["name"])
         return cls(model, worker_topics(settings, model),
                    max_model_len=length if isinstance(length, int) else None,
                    dtype=getattr(config, "dtype", None), quantization=_quantization(engine),
-                   kind="embed" if getattr(engine, "kind", None) == "embed" else "generate")
+                   kind="embed" if getattr(engine, "kind", None) == "embed" else "generate",
+                   adapters={a["name"] for a in loras()} if loras is not None else set())
 
     @property
     def default(self) -> bool:
@@ -80,7 +99,14 @@ class Serving:
         """Whether a request naming `model` is for this worker's weights."""
         if model is None or model == DEFAULT_ALIAS:
             return self.default
-        return model == self.model
+        return model == self.model or model in self.adapters
+
+    def lora_of(self, model: str | None) -> dict[str, str]:
+        """The add_request keyword of a request naming `model`: {"lora": name} for one of
+        this worker's adapters, else {} (engines without adapters are never given it)."""
+        if model is not None and model != self.model and model in self.adapters:
+            return {"lora": model}
+        return {}
 
     def refusal(self, model: str | None, topic: str) -> str:
         """The error message of a request `accepts` refused, read from `topic`."""
@@ -101,7 +127,8 @@ class Serving:
 
     def record(self, worker: str, settings: Settings, started_at: float) -> ModelRecord:
         """The registry record of this worker (heartbeat_at set at each beat)."""
-        return ModelRecord(model=self.model, kind=self.kind, max_model_len=self.max_model_len, dtype=self.dtype,
+        return ModelRecord(model=self.model, kind=self.kind, adapters=sorted(self.adapters),
+                           max_model_len=self.max_model_len, dtype=self.dtype,
                            quantization=self.quantization, worker=worker,
                            requests_topic=self.topics.requests, batch_topic=self.topics.batch,
                            group=self.topics.group, default=self.default,

@@ -55,6 +55,7 @@ class Admitted:
     tools: bool = False                      # read tool calls out of the answer
     tenant: str | None = None                # the request's tenant (its events' header)
     reply_to: str | None = None              # a topic that gets its final (and deltas) too
+    model: str | None = None                 # a LoRA adapter's name: its events carry it
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +158,7 @@ class AddRequest:
     arrival_time: float | None = None
     tools: list[dict[str, Any]] | None = None
     dimensions: int | None = None  # an embedding request's cut (EmbeddingEngine)
+    lora: str | None = None                  # the LoRA adapter the request names (engine/lora)
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,9 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | dict | str | None = None
     kv_cache_dtype: str = "auto"
     cache_dir: str | os.PathLike | None = None
+    max_loras: int = 0
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         if self.speculative_config is not None:
@@ -116,12 +119,35 @@ class EngineConfig:
             raise ConfigError(f"speculative_config with tensor_parallel_size={self.tensor_parallel_size} "
                               "is not supported yet (the follower ranks run plain steps only): "
                               "drop one of them")
+        self._check_lora()
         if self.distributed_executor_backend not in (None, "uni", "mp"):
             raise ConfigError(f"EngineConfig.distributed_executor_backend="
                               f"{self.distributed_executor_backend!r}: use 'uni' or 'mp' (or None)")
         if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
             raise ConfigError(f"EngineConfig.tensor_parallel_size={self.tensor_parallel_size} needs "
                               "distributed_executor_backend 'mp' (or None), not 'uni' (one process)")
+
+    def _check_lora(self) -> None:
+        if self.max_loras < 0 or self.max_lora_rank < 1:
+            raise ConfigError(f"EngineConfig.max_loras={self.max_loras} must be >= 0 and "
+                              f"max_lora_rank={self.max_lora_rank} >= 1")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ConfigError(f"EngineConfig.max_cpu_loras={self.max_cpu_loras} must be >= "
+                              f"max_loras={self.max_loras} (or None)")
+        if not self.max_loras:
+            return
+        if self.tensor_parallel:
+            raise ConfigError(f"LoRA adapters (max_loras={self.max_loras}) with tensor parallelism "
+                              f"(tensor_parallel_size={self.tensor_parallel_size}) are not supported "
+                              "yet (A and B are not sharded): serve adapters on one rank, or set max_loras=0")
+        if self.speculative_config is not None:
+            raise ConfigError(f"LoRA adapters (max_loras={self.max_loras}) with speculative decoding "
+                              "are not supported yet (the draft and the verification would need the "
+                              "request's adapter): drop speculative_config or set max_loras=0")
+
+    @property
+    def lora_cpu_capacity(self) -> int:
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -73,9 +73,12 @@ def forward_hidden_cpu(model, ops: CpuOps, input_ids: torch.Tensor, positions: t
     h = model.embed_tokens(input_ids)
     residual = None
     heads = (H, Hkv, D)
+    lora, step_lora = (model.lora, meta.lora) if meta.lora is not None else (None, None)
     for i, (layer, (k_cache, v_cache, *scales)) in enumerate(zip(model.layers, kv_caches)):
         x, residual = ops.rms_norm(h, layer.input_norm, eps, residual)
         qkv = layer.qkv(x)
+        if lora is not None:  # adapters add onto each projection's output (engine/lora)
+            lora.apply(qkv, x, i, "qkv", step_lora)
         rope = plan.rope[i]
         if layer.q_norm is None:  # q and k side by side in qkv: rotated together, in place
             q, _, _ = ops.rope_kv(qkv, heads, rope, plan.slots, k_cache, v_cache, *scales)
@@ -87,11 +90,18 @@ def forward_hidden_cpu(model, ops: CpuOps, input_ids: torch.Tensor, positions: t
             v = qkv[:, q_size + kv_size:].view(T, Hkv, D)
             write_kv_cpu(k, v, k_cache, v_cache, plan.slots.valid, plan.slots.keep, *scales)
         o = ops.paged_attention(q, k_cache, v_cache, plan.attention[i], model.scale, *scales)
-        h = layer.o(o.reshape(T, q_size))
+        o = o.reshape(T, q_size)
+        h = layer.o(o)
+        if lora is not None:
+            lora.apply(h, o, i, "o", step_lora)
         if layer.attn_out_norm is not None:
             h, _ = ops.rms_norm(h, layer.attn_out_norm, eps)
         x, residual = ops.rms_norm(h, layer.post_norm, eps, residual)
-        h = layer.down(act(layer.gate_up(x)))
+        if lora is None:
+            h = layer.down(act(layer.gate_up(x)))
+        else:
+            m = act(lora.apply(layer.gate_up(x), x, i, "gate_up", step_lora))
+            h = lora.apply(layer.down(m), m, i, "down", step_lora)
         if layer.mlp_out_norm is not None:
             h, _ = ops.rms_norm(h, layer.mlp_out_norm, eps)
     # only the rows that sample (or score) need the final norm and the LM head

@@ -14,6 +14,7 @@ from inflight.engine.sampler import SamplingBatch
 
 if TYPE_CHECKING:
     from inflight.engine.grammar import GrammarMatcher
+    from inflight.engine.lora.slots import LoraStep
 
 
 @dataclass
@@ -68,6 +69,7 @@ class DeviceStep:
     prompt_targets: torch.Tensor | None = None
     logprob_top_n: int = 0
     prompt_top_n: int = 0
+    lora: LoraStep | None = None      # which tokens use which adapter slot (engine/lora/slots.py)
 
 
 @dataclass(slots=True)

@@ -54,7 +54,9 @@ from inflight.engine.startup import build_device_side
 from inflight.engine.stats import EngineStats
 from inflight.engine.tokenizer import Tokenizer
 from inflight.engine.errors import EngineDeadError, InflightError
-from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_PROMPT_TOO_LONG
+from inflight.engine.lora.adapter import LoraError
+from inflight.engine.errors import ERR_ENGINE, ERR_INVALID_REQUEST, ERR_MODEL_NOT_FOUND, ERR_PROMPT_TOO_LONG
+from inflight.engine.lora import LoraAdapter, LoraManager, LoraSlots
 from inflight.engine.grammar_queue import GrammarQueue
 
 log = logging.getLogger(__name__)
@@ -90,8 +92,9 @@ class Engine:
         self.tokenizer = Tokenizer(folder, self.model.config.eos_token_ids)
         root = hashlib.blake2b(f"{folder.resolve()}|{config.dtype}".encode(), digest_size=16).digest()
         self.kv = KVCacheManager(self.num_kv_blocks, config.block_size, config.enable_prefix_caching, root)
+        self.lora = self._build_lora() if config.max_loras else None
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_preemptions)
+                                   config.max_preemptions, lora=self.lora)
         self.overlap = config.resolve_overlap_outputs()
         self._inflight: StepHandle | None = None  # launched, outputs not processed (overlap)
         self.requests: dict[str, Request] = {}
@@ -103,6 +106,37 @@ class Engine:
         self.spec = build_spec_decoder(config, self.runner, self.kv)  # None without speculative_config
         # constrained requests whose grammar is compiling (not queued yet)
         self.grammars = GrammarQueue(self.tokenizer, self.model.config.vocab_size, self.runner)
+
+    def _build_lora(self) -> LoraManager:
+        """The adapters' slot tensors on the model, and their manager (engine/lora)."""
+        c = self.config
+        with self.scope:
+            slots = LoraSlots(self.model.config, c.max_loras, c.max_lora_rank, c.torch_dtype,
+                              self.model.device, kernel=self.ops.name == "triton")
+        self.model.lora = slots
+        return LoraManager(self.model.config, slots, c.lora_cpu_capacity)
+
+    # -- LoRA adapters ------------------------------------------------------------------
+    def add_lora(self, name: str, path: str | pathlib.Path) -> LoraAdapter:
+        """Register the PEFT LoRA folder `path` as adapter `name` (read and checked now:
+        LoraError); requests name it by `lora`. Loaded into a slot when a request needs it."""
+        if self.lora is None:
+            raise LoraError(f"this engine serves no LoRA adapters (max_loras=0): set "
+                            f"EngineConfig.max_loras (inflight worker --max-loras) to load {name!r}")
+        return self.lora.add(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        """Unregister adapter `name` (LoraError while an unfinished request names it)."""
+        if self.lora is None:
+            raise LoraError(f"adapter {name!r} is not loaded (this engine serves none: max_loras=0)")
+        self.lora.remove(name, sum(1 for r in self.requests.values() if r.lora == name))
+
+    def list_loras(self) -> list[dict]:
+        """The registered adapters: name, path, rank, and whether each is resident in a slot."""
+        if self.lora is None:
+            return []
+        m = self.lora
+        return [{"name": n, "path": str(m.paths[n]), "resident": n in m.slot_of} for n in m.names()]
 
     def close(self) -> None:
         """Stop the engine's tensor-parallel ranks (or release a group it was given); a
@@ -121,11 +155,14 @@ class Engine:
                     prompt_token_ids: Sequence[int] | None = None,
                     params: SamplingParams | None = None, priority: int = 0, *,
                     messages: Sequence[dict] | None = None, arrival_time: float | None = None,
-                    extra_keys: tuple = (), tools: Sequence[dict] | None = None) -> None:
+                    extra_keys: tuple = (), tools: Sequence[dict] | None = None,
+                    lora: str | None = None) -> None:
         """Queue a request (text `prompt`, `prompt_token_ids`, or chat `messages`). Lower
         `priority` values are served first. Problems with the request itself surface as a
         final output with finish_reason "error" at the next step. `tools`: OpenAI function
-        definitions for a chat template that renders them (`tokenizer.takes_tools`)."""
+        definitions for a chat template that renders them (`tokenizer.takes_tools`).
+        `lora`: the name of a registered LoRA adapter to run with (`add_lora`); unknown:
+        an error final `model_not_found`."""
         if request_id in self.requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already active in this "
                                         "engine; wait for its final output or abort it first")
@@ -141,9 +178,19 @@ class Engine:
                     prompt_token_ids = self.tokenizer.encode(prompt) if prompt else []
         except InflightError as exc:
             prompt_token_ids, error = [], (ERR_INVALID_REQUEST, str(exc))
+        extra_keys = tuple(extra_keys)
+        if lora is not None:
+            if self.lora is None or lora not in self.lora:
+                served = self.lora.names() if self.lora is not None else []
+                error = error or (ERR_MODEL_NOT_FOUND, f"LoRA adapter {lora!r} is not loaded here "
+                                  f"(loaded: {served}): load it first (inflight lora load)")
+            else:
+                # NOTE: the same prompt under two adapters (or two versions of one) never
+                # shares KV blocks: the adapter's identity is in every block hash
+                extra_keys = (("lora", lora, self.lora.digests[lora]),) + extra_keys
         req = Request(request_id, list(prompt_token_ids), params, priority,
                       arrival_time=arrival_time or time.time(), arrival_index=next(self._arrivals),
-                      extra_keys=tuple(extra_keys))
+                      extra_keys=extra_keys, lora=lora if error is None else None)
         req.max_num_tokens = min(req.num_prompt_tokens + params.max_tokens, self.max_model_len)
         error = error or self._validate(req)
         if error is not None:
@@ -470,6 +517,10 @@ class Engine:
     def stats(self) -> dict:
         out = self.counters.snapshot(self.kv, self.scheduler)
         out.update(self.grammars.stats())
+        if self.lora is not None:
+            out.update(self.lora.stats())
+            out["lora_running"] = sorted({r.lora for r in self.scheduler.running if r.lora})
+            out["lora_waiting"] = sorted({r.lora for r in self.scheduler.waiting if r.lora})
         if self.spec is not None:
             out.update(self.spec.stats.snapshot())
         return out

@@ -77,4 +77,5 @@ ERR_INTERNAL = "internal_error"
 ERR_CANCELLED = "cancelled"
 ERR_EXPIRED = "expired"
 ERR_STORE_REJECTED = "store_rejected"     # the database refused the request's row (recorder)
+ERR_MODEL_NOT_FOUND = "model_not_found"   # a model or LoRA adapter this engine does not serve
 ERR_INVALID_SCHEMA = "invalid_schema"     # structured_outputs: a schema / regex / grammar that does not compile

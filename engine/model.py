@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from inflight.engine.cpu_forward import forward_hidden_cpu
+from inflight.engine.lora.slots import LoraSlots, LoraStep
 from inflight.engine.model_config import SUPPORTED_ARCHS, ModelConfig  # noqa: F401 (re-exported)
 from inflight.engine.model_weights import FusedLayerWeights, load_tensors, load_weights  # noqa: F401
 from inflight.engine.quant.linear import F32_KERNEL_MAX_ROWS, dense_linear
@@ -44,6 +45,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor     # [B, M] int32
     seq_lens: torch.Tensor         # [B] int32
     query_start_loc: torch.Tensor  # [B + 1] int32
+    lora: LoraStep | None = None   # the step's adapter slots (engine/lora/slots.py), None: none
 
 
 class DecoderModel:
@@ -85,6 +87,8 @@ class DecoderModel:
         # the torch kernels on a CPU take the CPU forward (engine/cpu_forward.py): the same
         # math with the step's invariants planned once per forward; CUDA never does
         self.cpu_ops = cpu_ops() if self.device.type == "cpu" and ops.name == "torch" else None
+        # the LoRA adapters' slot tensors (engine/lora), set by the engine when it serves adapters
+        self.lora: LoraSlots | None = None
 
     def read_checkpoint(self, folder: pathlib.Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         """The config the forward runs and the checkpoint's tensors (a tensor-parallel rank:
@@ -142,9 +146,12 @@ class DecoderModel:
         T = input_ids.shape[0]
         h = self.embed_tokens(input_ids)
         residual = None
+        lora = self.lora if meta.lora is not None else None
         for i, (layer, (k_cache, v_cache, *scales)) in enumerate(zip(self.layers, kv_caches)):
             x, residual = ops.rms_norm(h, layer.input_norm, eps, residual)
             qkv = layer.qkv(x)
+            if lora is not None:
+                lora.apply(qkv, x, i, "qkv", meta.lora)
             q = qkv[:, :self.q_size].view(T, c.num_heads, c.head_dim)
             k = qkv[:, self.q_size:self.q_size + self.kv_size].view(T, c.num_kv_heads, c.head_dim)
             v = qkv[:, self.q_size + self.kv_size:].view(T, c.num_kv_heads, c.head_dim)
@@ -159,11 +166,18 @@ class DecoderModel:
                 extra.update(k_scale=scales[0], v_scale=scales[1])
             o = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.query_start_loc, self.scale, **extra)
-            h = layer.o(o.reshape(T, self.q_size))
+            o = o.reshape(T, self.q_size)
+            h = layer.o(o)
+            if lora is not None:
+                lora.apply(h, o, i, "o", meta.lora)
             if layer.attn_out_norm is not None:
                 h, _ = ops.rms_norm(h, layer.attn_out_norm, eps)
             x, residual = ops.rms_norm(h, layer.post_norm, eps, residual)
-            h = layer.down(self.act(layer.gate_up(x)))
+            if lora is None:
+                h = layer.down(self.act(layer.gate_up(x)))
+            else:
+                m = self.act(lora.apply(layer.gate_up(x), x, i, "gate_up", meta.lora))
+                h = lora.apply(layer.down(m), m, i, "down", meta.lora)
             if layer.mlp_out_norm is not None:
                 h, _ = ops.rms_norm(h, layer.mlp_out_norm, eps)
         # only the rows that sample (or score) need the final norm and the LM head

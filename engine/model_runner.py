@@ -58,6 +58,7 @@ from inflight.engine.device_step import (DeviceOutput, DeviceStep, DraftProbs, S
                                          StepHandle, StepOrderError)
 from inflight.engine.input_batch import InputBatch
 from inflight.engine.logprobs import LogprobRows, StepLogprobs, prompt_logprob_rows
+from inflight.engine.lora.slots import LoraStep
 from inflight.engine.model import AttentionMetadata, DecoderModel
 from inflight.engine.request import Request
 from inflight.engine.sampler import SamplingBatch, sample
@@ -107,7 +108,7 @@ class ModelRunner:
         self.batch = InputBatch(max_num_seqs, max_blocks, self.device, poison=poison,
                                 shared=not separate)
         # room for a prompt-logprob step's extra rows too, so it needs no regrowth (a sync)
-        self.staging = Staging(7 * max_num_seqs + 4 * max_num_batched_tokens + 64, self.device,
+        self.staging = Staging(7 * max_num_seqs + 5 * max_num_batched_tokens + 64, self.device,
                                separate=separate, stream=self.stream)
         # the last step's sampled ids, by position in that step (inputs of pending decodes)
         self.sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=self.device)
@@ -193,24 +194,43 @@ class ModelRunner:
                                      "proposed from the tokens of the step before")
             if self.drafter is not None:
                 inputs.draft_rows = self.drafter.prob_rows(sched.requests, sched.spec_token_ids)
-        step = self._device_views(inputs, *self._pack(inputs))
+        lora = self._plan_lora(inputs)
+        packed = self._pack(inputs, lora)
+        step = self._device_views(inputs, *packed)
+        if lora is not None:
+            lay, dev = packed[0], packed[1]
+            if region_len(lay.lora_slots):  # the kernel reads each token's slot on the device
+                lora.token_slots = dev[lay.lora_slots]
+            step.lora = lora
         out = self.device_step(step)
         return self._handle(inputs, step, out, seq, overlapped)
 
-    def _padded_size(self, inputs: StepInputs) -> int | None:
+    def _plan_lora(self, inputs: StepInputs) -> LoraStep | None:
+        """Which tokens use which adapter slot (None: no request of the step has one)."""
+        if self.model.lora is None:
+            return None
+        slots = [req.lora_slot for req in inputs.requests]
+        if max(slots, default=-1) < 0:
+            return None
+        return LoraStep.plan(slots, list(inputs.num_tokens), self.device)
+
+    def _padded_size(self, inputs: StepInputs, lora: LoraStep | None = None) -> int | None:
         """P when the step runs padded on the static decode buffers, else None: a step
         with prompt rows to score runs eagerly (the graphs return n rows only), and so
-        does a verification step (T > n)."""
+        does a verification step (T > n) and a step with adapters (engine/lora: the
+        graphs hold no adapter slots)."""
         n = inputs.n
-        if self.graphs is None or inputs.num_tokens_total != n or inputs.prompt_rows:
+        if self.graphs is None or inputs.num_tokens_total != n or inputs.prompt_rows or lora is not None:
             return None
         return self.graphs.padded_size(n)
 
-    def _pack(self, inputs: StepInputs) -> tuple[StepLayout, torch.Tensor, int | None, bool]:
+    def _pack(self, inputs: StepInputs, lora: LoraStep | None = None
+              ) -> tuple[StepLayout, torch.Tensor, int | None, bool]:
         """Write the step's inputs into the staging buffer and send it: (layout, device
         buffer, P of a padded step or None, whether some row samples randomly)."""
         batch, n, T = self.batch, inputs.n, inputs.num_tokens_total
-        P = self._padded_size(inputs)
+        P = self._padded_size(inputs, lora)
+        lora_kernel = lora is not None and self.model.lora.kernel
         L, TL = P or n, P or T   # rows in the packed inputs (padded for a graph step)
         temp = top_k = top_p = None
         if batch.num_random:
@@ -225,7 +245,7 @@ class ModelRunner:
             top_k=0 if top_k is None else n, top_p=0 if top_p is None else n,
             logprob_rows=len(inputs.lp_pos) * (1 if spec is None else spec.width + 1),
             prompt_rows=R, prompt_targets=R, spec=0 if spec is None else spec.size(n),
-            draft_rows=0 if inputs.draft_rows is None else n)
+            draft_rows=0 if inputs.draft_rows is None else n, lora_slots=T if lora_kernel else 0)
         buf = self.staging.host(lay.size)
         _put(buf, lay.rows, inputs.rows, batch.pad_row)
         _put(buf, lay.seq_lens, inputs.seq_lens, 0)
@@ -256,6 +276,8 @@ class ModelRunner:
             spec.pack(buf, lay.spec.start)
             if inputs.draft_rows is not None:
                 buf[lay.draft_rows] = inputs.draft_rows
+        if lora_kernel:
+            buf[lay.lora_slots] = np.repeat([req.lora_slot for req in inputs.requests], inputs.num_tokens)
         return lay, self.staging.send(lay.size), P, temp is not None
 
     def _device_views(self, inputs: StepInputs, lay: StepLayout, dev: torch.Tensor,
@@ -408,7 +430,7 @@ class ModelRunner:
         bs = self.block_size
         slots = block_tables[token_req, positions // bs].long() * bs + positions % bs
         meta = AttentionMetadata(slot_mapping=slots, block_tables=block_tables, seq_lens=seq_lens,
-                                 query_start_loc=qsl)
+                                 query_start_loc=qsl, lora=step.lora)
         last = qsl[1:].long() - 1 if step.logit_rows is None else step.logit_rows
         if self.draft is not None:
             self._mirror(ids, positions, meta)

@@ -47,6 +47,7 @@ class Request:
     arrival_time: float = field(default_factory=time.time)
     arrival_index: int = 0
     extra_keys: tuple = ()  # anything besides tokens that changes the KV (adapter ids)
+    lora: str | None = None  # the LoRA adapter it runs with (engine/lora), None: the base model
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -77,6 +78,8 @@ class Request:
     # params.structured_outputs: the request's position in its grammar, from admission
     # (its compile is the GrammarQueue's until then)
     grammar: GrammarMatcher | None = None
+    # the slot of its adapter while it runs (engine/lora/manager.py), else -1
+    lora_slot: int = -1
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

@@ -26,6 +26,11 @@ after verification the engine rolls the computed count back past the rejected on
 `chunked_prefill=False` (an encoder's embedding requests: bidirectional attention needs the
 whole sequence in one pass): a waiting request is admitted only when all its tokens fit
 in what is left of the step's budget, and it never runs in chunks.
+
+LoRA: a waiting request that names an adapter is admitted only once its adapter has a
+slot (engine/lora/manager.py: `acquire`, which may load it or evict an idle one); with
+every slot busy it waits and the requests behind it go on. It gives the slot back
+(`release`) whenever it stops running: finished, aborted or preempted.
 """
 
 from __future__ import annotations
@@ -62,9 +67,11 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_preemptions: int, chunked_prefill: bool = True):
+                 max_preemptions: int, chunked_prefill: bool = True, lora=None):
+        """`lora`: the engine's LoraManager (engine/lora/manager.py), None without adapters."""
         self.kv = kv
         self.chunked_prefill = chunked_prefill
+        self.lora = lora
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_preemptions = max_preemptions
@@ -80,6 +87,8 @@ class Scheduler:
         """Take req out of the queues and free its blocks (finish or abort)."""
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
+            if self.lora is not None:
+                self.lora.release(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         self.kv.free(req)
@@ -155,6 +164,8 @@ class Scheduler:
                 break
         self.running.remove(victim)
         self.kv.free(victim)
+        if self.lora is not None:
+            self.lora.release(victim)
         victim.num_preemptions += 1
         self.num_preemptions += 1
         if victim.num_preemptions > self.max_preemptions:
@@ -179,8 +190,13 @@ class Scheduler:
                 continue
             if not self.chunked_prefill and req.num_tokens - num_cached > budget:
                 break  # whole sequences only: it waits for a step with room
+            if req.lora is not None and not self.lora.acquire(req):
+                i += 1  # every adapter slot is in use: wait, let the others in
+                continue
             n = min(req.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(req, n, cached):
+                if req.lora is not None:
+                    self.lora.release(req)
                 break  # wait for blocks to free up; never preempt to admit
             self.kv.record_prefix_query(req.num_tokens, num_cached)
             if req.num_cached_tokens < 0:

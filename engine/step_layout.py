@@ -5,7 +5,7 @@ and reads them back on the device as views; both sides take every offset from on
 `StepLayout`, whose fields are the buffer's regions in order:
 
     rows | seq_lens | ids | src | qsl | diffs | temperature | top_k | top_p |
-    logprob_rows | prompt_rows | prompt_targets | spec | draft_rows
+    logprob_rows | prompt_rows | prompt_targets | spec | draft_rows | lora_slots
 
 A region that a step does not use is empty (size 0), so it costs nothing. A padded decode
 step (engine/cuda_graphs.py) has P rows in rows/seq_lens/ids/src, back to back from offset
@@ -59,5 +59,6 @@ class StepLayout(NamedTuple):
     prompt_targets: slice     # [R] the prompt token each of those rows scores
     spec: slice               # a verification's rows | vidx | drafts (engine/spec/layout.py)
     draft_rows: slice         # [n] each request's row in a draft model's q (sampled drafts)
+    lora_slots: slice         # [T] each token's LoRA slot (-1: none), for the LoRA kernel
 
     of = classmethod(layout_of)

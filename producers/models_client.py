@@ -177,7 +177,9 @@ class ModelsClient:
         live = self.live()
         found = live.get(model)
         if found is not None:
-            if found.default:
+            # NOTE: an adapter of the default model reads the default's topics but keeps its
+            # own name on the wire (the worker runs it as the base model + that adapter)
+            if found.default and found.parent is None:
                 return self._live_default_route
             return Route(model, model, found.topics, found.max_model_len, True)
         if allow_unserved:

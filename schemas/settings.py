@@ -166,6 +166,14 @@ class Settings(BaseSettings):
     # INFLIGHT_SPECULATIVE_CONFIG='{"method": "ngram", "num_speculative_tokens": 4}'; the
     # engine checks the keys (engine/spec/config.py)
     speculative_config: str | None = engine_option()
+    # LoRA adapters (engine/lora, docs/lora.md): slots resident at once (0 = none; None =
+    # as many as worker_loras names), the largest rank, adapters kept read in host memory
+    max_loras: int | None = engine_option()
+    max_lora_rank: int | None = engine_option()
+    max_cpu_loras: int | None = engine_option()
+    # adapters a worker serves from its start, {name: PEFT folder}, as JSON:
+    # INFLIGHT_WORKER_LORAS='{"team-a": "/adapters/a"}'; `inflight worker --lora NAME=PATH`
+    worker_loras: dict[str, str] = Field(default_factory=dict)
     # --device cuda:auto: workers of one host claim distinct GPUs through lock files here
     gpu_lock_dir: Path | None = None  # None = <data_dir>/gpu-locks
 

@@ -6,6 +6,7 @@ Unknown request ids print "not found" and exit 1 (never a trace).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
@@ -189,6 +190,8 @@ def cmd_worker(args: Any, settings: Settings) -> int:
     from inflight.consumers.engine_bridge import build_engine
     from inflight.consumers.worker import run_worker
 
+    if getattr(args, "worker_loras", None):
+        args.worker_loras = dict(args.worker_loras)  # --lora NAME=PATH, repeated
     settings = with_flags(args, settings)
     return run_worker(settings, build_engine(settings))
 
@@ -200,6 +203,13 @@ def cmd_recorder(args: Any, settings: Settings) -> int:
     rec.install_signal_handlers()
     rec.run()
     return 0
+
+
+def _lora_module(value: str) -> tuple[str, str]:
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--lora {value!r}: give NAME=PATH (a PEFT LoRA folder)")
+    return name, path
 
 
 def _mib(value: str) -> int:
@@ -246,6 +256,15 @@ def _add_worker_flags(w: Any) -> None:
                    choices=("auto", "int8", "fp8", "fp8_e4m3"),
                    help="KV cache element type: auto (the model dtype), int8 or fp8 e4m3 with "
                         "per-token scales, ~2x the tokens of bf16")
+    w.add_argument("--lora", dest="worker_loras", action="append", type=_lora_module, default=None,
+                   metavar="NAME=PATH", help="serve the PEFT LoRA folder PATH as model NAME on "
+                   "this base model (repeatable; INFLIGHT_WORKER_LORAS as JSON)")
+    w.add_argument("--max-loras", dest="max_loras", default=None,
+                   help="LoRA adapters resident at once (default: as many as --lora gives)")
+    w.add_argument("--max-lora-rank", dest="max_lora_rank", default=None,
+                   help="the largest LoRA rank (16)")
+    w.add_argument("--max-cpu-loras", dest="max_cpu_loras", default=None,
+                   help="LoRA adapters kept read in host memory (default: --max-loras)")
     w.add_argument("--speculative-config", dest="speculative_config", default=None, metavar="JSON",
                    help='speculative decoding with vLLM\'s keys, e.g. \'{"method": "ngram", '
                         '"num_speculative_tokens": 4}\'')

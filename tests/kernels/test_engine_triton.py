@@ -77,3 +77,30 @@ def test_sliding_families_match_torch(family, tmp_path, monkeypatch):
 
     expected = tokens("torch")
     assert tokens("triton") == expected
+
+
+def test_lora_kernel_in_the_engine_matches_torch(tiny_model, tmp_path):
+    """Adapters through kernels/triton_lora.py (each token's slot from the step layout)
+    give the torch path's tokens, in a batch mixing the base model and two adapters."""
+    from tests.lora_adapters import write_peft_adapter
+
+    a = write_peft_adapter(tmp_path / "a", tiny_model, r=4, target_modules=["q_proj", "v_proj"], seed=1)
+    b = write_peft_adapter(tmp_path / "b", tiny_model, r=2, target_modules=["o_proj", "down_proj", "up_proj"],
+                           seed=2)
+
+    def tokens(kernels):
+        eng = engine.Engine(engine.EngineConfig(model=tiny_model, kernels=kernels, block_size=4,
+                                                num_kv_blocks=64, max_num_batched_tokens=64, device=DEVICE,
+                                                max_loras=2, max_lora_rank=4))
+        eng.add_lora("a", a)
+        eng.add_lora("b", b)
+        params = engine.SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        for i, (p, lora) in enumerate(zip(PROMPTS[1:], [None, "a", "b"])):
+            eng.add_request(f"r{i}", prompt=p, params=params, lora=lora)
+        outs = {}
+        while eng.has_unfinished():
+            outs.update({o.request_id: o.token_ids for o in eng.step() if o.finished})
+        return outs
+
+    expected = tokens("torch")
+    assert tokens("triton") == expected
