@@ -28,7 +28,7 @@ from inflight.api.context import ApiContext, db_slots
 from inflight.api.limits import BodyLimitMiddleware
 from inflight.api.metrics import ApiMetrics, MetricsMiddleware
 from inflight.api.routes import (batches, chat, completions, embeddings, files, health, message_batches,
-                                 messages, models, requests)
+                                 messages, models, requests, webhooks)
 from inflight.api.served_models import ApiModels, default_context
 from inflight.api.streams import Streams
 from inflight.api.tracing import TraceparentMiddleware, TracingMiddleware
@@ -50,7 +50,8 @@ REGISTRY_WAIT_S = 5.0   # at start: read the model registry this long before ser
 
 def _open_store(settings: Settings) -> Store:
     # no pre-ping: a poll is one round trip (store/owner_queries.py retries a dead connection once)
-    store = Store.embedded(settings.database_url, pre_ping=False)  # SQLite migrates itself
+    store = Store.embedded(settings.database_url, pre_ping=False, files_url=settings.files_url,
+                           files_endpoint=settings.files_s3_endpoint)  # SQLite migrates itself
     if store.dialect != "sqlite":
         have, want = current_revision(store.url), head_revision()
         if have != want:
@@ -134,7 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "route but /healthz, /readyz and /metrics needs an API key.")
     errors.install(app)
     for module in (health, models, requests, chat, completions, messages, files, batches,
-                   message_batches, embeddings):
+                   message_batches, embeddings, webhooks):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, body_bytes=settings.api_max_body_bytes,
                        upload_bytes=settings.api_max_upload_bytes)

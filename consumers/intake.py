@@ -54,7 +54,7 @@ from inflight.schemas.events import ERR_MODEL_NOT_FOUND, ERR_REPLY_TO_REFUSED, E
 
 log = logging.getLogger("inflight.worker")
 
-CANCELS_EVERY_S = 0.1
+PRUNE_EVERY_S = 1.0      # forget batch cancels older than the lookback window
 POLL_WAIT_MS = 50        # with room: how long a poll may wait for records
 SETTLE_WAIT_S = 0.05     # full (or draining): how long to wait for a settled ticket
 MAX_ENDINGS_FACTOR = 2   # jobs held in all (running + awaiting acks) <= this x max_inflight
@@ -170,14 +170,16 @@ class Intake:
     def run_once(self) -> None:
         self._handle_rebalances()
         self._drain_settled()
+        # every round: the cancel reader's own thread has read them (consumers/cancel.py),
+        # so taking them costs no wait, and a batch's cancel stops its admission at once
+        for cancel, at in self.cancels.poll():
+            if cancel.batch_id is not None:
+                self._cancel_batch(cancel.batch_id, at)
+            else:
+                self._cancel(cancel.request_id)
         now = time.monotonic()
         if now >= self._next_cancels:
-            self._next_cancels = now + CANCELS_EVERY_S
-            for cancel, at in self.cancels.poll():
-                if cancel.batch_id is not None:
-                    self._cancel_batch(cancel.batch_id, at)
-                else:
-                    self._cancel(cancel.request_id)
+            self._next_cancels = now + PRUNE_EVERY_S
             self.cancelled_batches.prune()
         room = self.room
         behind = self.publisher_behind()

@@ -76,7 +76,9 @@ class ResultsClient:
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = Store.embedded(self.settings.database_url)
+            self._store = Store.embedded(self.settings.database_url,
+                                         files_url=self.settings.files_url,
+                                         files_endpoint=self.settings.files_s3_endpoint)
         return self._store
 
     def close(self) -> None:

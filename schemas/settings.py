@@ -192,6 +192,22 @@ class Settings(BaseSettings):
     # OpenAI's rule: every line of a batch file names the same model (off: a file may mix
     # models line by line, each line going to its model's batch topic)
     batch_one_model_per_file: bool = False
+    # --- pipelines: webhooks and the batch-events topic (docs/batch-jobs.md) -----------
+    # plain-http webhook endpoints are refused except to these hosts (comma-separated;
+    # https is always allowed; link-local and cloud-metadata addresses never are)
+    webhook_allow_hosts: str = ""
+    webhook_interval_s: float = 1.0        # period of the delivery task (the jobs worker)
+    webhook_timeout_s: float = 10.0        # one delivery attempt's HTTP timeout
+    webhook_retry_base_s: float = 5.0      # first retry after this; doubling each time
+    webhook_retry_max_s: float = 3600.0    # ... up to this
+    webhook_max_attempts: int = Field(default=10, ge=1)   # then the delivery is `failed`
+    # an endpoint is disabled (with the reason) after this many failed attempts in a row
+    webhook_disable_after: int = Field(default=30, ge=1)
+    topic_batch_events: str = "inflight.batch-events"   # batch state events, key = batch id
+    # file content (uploads, batch inputs and outputs) on object storage: s3://bucket/prefix
+    # (any S3-compatible store; credentials from the AWS_* environment). None: the database
+    files_url: str | None = None
+    files_s3_endpoint: str | None = None   # an S3-compatible store's URL (None: AWS's)
 
     # --- worker ----------------------------------------------------------------------
     worker_max_inflight: int = 64
@@ -315,6 +331,12 @@ class Settings(BaseSettings):
         entry of the default model says its real name (producers/models_client.py)."""
         return self.default_model or self.served_model_id()
 
+    def webhook_allowed_hosts(self) -> frozenset[str]:
+        """INFLIGHT_WEBHOOK_ALLOW_HOSTS as a set of lower-case host names / addresses."""
+        return frozenset(h.strip().lower().strip("[]") for h in self.webhook_allow_hosts.split(",")
+                         if h.strip())
+
     def topics(self) -> list[str]:
         return [self.topic_requests, self.topic_requests_batch, self.topic_results,
-                self.topic_results_tokens, self.topic_dlq, self.topic_cancel, self.topic_models]
+                self.topic_results_tokens, self.topic_dlq, self.topic_cancel, self.topic_models,
+                self.topic_batch_events]

@@ -23,7 +23,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, ForeignKey, Integer,
+from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, ForeignKey, Index, Integer,
                         LargeBinary, String, Text, TypeDecorator)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -101,7 +101,10 @@ class Base(DeclarativeBase):
 
 class RequestRow(Base):
     __tablename__ = "requests"
-    __table_args__ = (_status_check("ck_requests_status"),)
+    # ix_requests_batch_updated: a running batch's finished lines in the order they were
+    # written (partial results, producers.batch_partial)
+    __table_args__ = (_status_check("ck_requests_status"),
+                      Index("ix_requests_batch_updated", "batch_id", "updated_at", "id"))
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)  # = request_id
     batch_id: Mapped[str | None] = mapped_column(String(ID_LEN), index=True)
@@ -175,6 +178,11 @@ class BatchRow(Base):
     # progress of the validate-and-enqueue task: input lines checked, lines published
     lines_validated: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lines_enqueued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # seconds after created_at at which its output and error files expire (None: never)
+    output_expires_after: Mapped[int | None] = mapped_column(Integer)
+    # a batch made from a Parquet table: {"file_id" (the table, purpose batch_source),
+    # "prompt_column", "id_column"} (producers.batch_parquet)
+    parquet_source: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     # a sweeper's claim on the batch (finalize / expire / cancel work): see claim_batch
     lease_owner: Mapped[str | None] = mapped_column(String(OWNER_LEN))
     lease_until: Mapped[datetime | None]
@@ -229,6 +237,9 @@ class FileRow(Base):
     owner: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime | None]
+    # where the content is: s3://bucket/key on object storage (INFLIGHT_FILES_URL), NULL
+    # for `file_chunks` (store.object_files)
+    location: Mapped[str | None] = mapped_column(Text)
 
     def __repr__(self) -> str:
         return f"FileRow(id={self.id!r}, filename={self.filename!r}, bytes={self.bytes})"

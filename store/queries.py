@@ -122,8 +122,16 @@ class Store(BatchQueries, FileQueries):
     `Store(url, create=True)` runs the Alembic migrations first (tests, embedded SQLite)."""
 
     def __init__(self, url: str, *, create: bool = False, echo: bool = False,
-                 pre_ping: bool = True):
+                 pre_ping: bool = True, files_url: str | None = None,
+                 files_endpoint: str | None = None):
+        """`files_url`: s3://bucket/prefix for file content (store.object_files)."""
         self.url = normalize_url(url)
+        self.files_endpoint = files_endpoint
+        self.objects = None
+        if files_url:
+            from inflight.store.object_files import ObjectFiles
+
+            self.objects = ObjectFiles(files_url, endpoint=files_endpoint)
         # pre_ping=False saves a round trip per checkout (the HTTP API's polls); a
         # connection found dead then fails one statement and the pool is invalidated.
         kwargs: dict[str, Any] = {"pool_pre_ping": pre_ping, "echo": echo}
@@ -150,11 +158,13 @@ class Store(BatchQueries, FileQueries):
             upgrade(self.url, quiet=True)
 
     @classmethod
-    def embedded(cls, url: str, *, pre_ping: bool = True) -> "Store":
+    def embedded(cls, url: str, *, pre_ping: bool = True, files_url: str | None = None,
+                 files_endpoint: str | None = None) -> "Store":
         """The embedded default: a SQLite file is created and migrated on first use (a
         Postgres URL is not — production databases are migrated by `inflight db upgrade`)."""
         norm = normalize_url(url)
-        return cls(norm, create=make_url(norm).get_backend_name() == "sqlite", pre_ping=pre_ping)
+        return cls(norm, create=make_url(norm).get_backend_name() == "sqlite", pre_ping=pre_ping,
+                   files_url=files_url, files_endpoint=files_endpoint)
 
     def close(self) -> None:
         self.engine.dispose()

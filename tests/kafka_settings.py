@@ -24,6 +24,7 @@ def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -
         topic_dlq=f"t{tag}.requests.dlq",
         topic_cancel=f"t{tag}.cancel",
         topic_models=f"t{tag}.models",
+        topic_batch_events=f"t{tag}.batch-events",
         worker_group=f"t{tag}-workers",
         recorder_group=f"t{tag}-recorder",
         database_url=database_url,

@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     from inflight.cli import embed_commands  # embed FILE
 
     embed_commands.register(sub)
+    from inflight.cli import webhook_commands  # webhooks add|list|rm|attempts
+
+    webhook_commands.register(sub)
     return p
 
 

@@ -2,7 +2,7 @@
 (schemas/embeddings.py); NULL for generation requests and rows written before
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-03
 """
 
@@ -15,7 +15,7 @@ from alembic import op
 
 revision: str = "0008"
 # NOTE: the lead re-chains this onto the last revision of main at merge
-down_revision: str | None = "0006"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
