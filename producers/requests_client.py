@@ -323,13 +323,16 @@ class RequestsClient:
 
     def publish_encoded(self, items: Iterable[tuple[str, bytes]], *, topic: str) -> int:
         """Send already-encoded requests (request_id, bytes) to `topic` and flush (the batch
-        enqueue task: it encoded and size-checked them while validating)."""
+        enqueue task: it encoded and size-checked them while validating), or batch events (the
+        batch-events topic: content-type and schema-version headers only, no request id or
+        trace)."""
         n = 0
+        requests = topic != getattr(self.settings, "topic_batch_events", None)
         try:
             for rid, value in items:
-                self.producer.send(topic, key=rid.encode(), value=value,
-                                   headers=message_headers(rid) + [(TRACEPARENT,
-                                                                    new_traceparent())])
+                headers = (message_headers(rid) + [(TRACEPARENT, new_traceparent())]
+                           if requests else message_headers())
+                self.producer.send(topic, key=rid.encode(), value=value, headers=headers)
                 n += 1
         except KafkaError as exc:
             raise BrokerError(f"publishing to {topic} failed: {exc}") from exc
