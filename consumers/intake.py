@@ -50,7 +50,8 @@ from inflight.consumers.thread_messages import (Aborted, Admitted, HandBack, Par
 from inflight.consumers.watermark_commits import WatermarkCommits
 from inflight.schemas import SchemaError, Settings, decode_request
 from inflight.schemas.base import ID_RE
-from inflight.schemas.events import ERR_MODEL_NOT_FOUND, ERR_REPLY_TO_REFUSED, ERR_WRONG_MODEL_KIND
+from inflight.schemas.events import (ERR_INVALID_REQUEST, ERR_MODEL_NOT_FOUND, ERR_REPLY_TO_REFUSED,
+                                     ERR_WRONG_MODEL_KIND)
 
 log = logging.getLogger("inflight.worker")
 
@@ -267,6 +268,11 @@ class Intake:
                 self._reject(tp, rec, rid, ERR_REPLY_TO_REFUSED, refusal, "reply_to",
                              req.batch_id, model=req.model, tenant=_tenant(req))
                 return
+        if req.tenant is None and s.require_tenant:
+            self._reject(tp, rec, rid, ERR_INVALID_REQUEST, "this deployment requires a tenant "
+                         "on every request (INFLIGHT_REQUIRE_TENANT): set `tenant`", "tenant",
+                         req.batch_id, model=req.model)
+            return
         job = self.by_id.get(rid)
         if job is not None or rid in self.recent:
             # Same id again: one run. A running (or unacknowledged) twin settles this
@@ -279,12 +285,16 @@ class Intake:
             return
         ticket = next(self._tickets)
         attempt = f"{self.attempt_prefix}.{ticket}"
-        if rid in self.cancelled or req.batch_id in self.cancelled_batches:
+        expires_at = req.expires_at
+        expired = expires_at is not None and expires_at <= now
+        if expired or rid in self.cancelled or req.batch_id in self.cancelled_batches:
+            # NOTE: a request past its deadline ends `expired` here, never reaching the engine
             self._add_job(Job(ticket, rid, None, tp, [(tp, rec.offset)], batch_id=req.batch_id))
             self._publish(Aborted(ticket=ticket, request_id=rid, attempt=attempt,
                                   batch_id=req.batch_id, submitted_at=req.submitted_at,
                                   queued_at=now, headers=list(rec.headers or []),
-                                  tenant=_tenant(req), reply_to=req.reply_to))
+                                  tenant=_tenant(req), reply_to=req.reply_to,
+                                  finish_reason="abort" if not expired else "expired"))
             return
         params = req.params  # the engine's SamplingParams, validated when decoded
         messages, extra = chat_inputs(req, self.template_takes_tools)
@@ -302,7 +312,7 @@ class Intake:
             model=lora.get("lora")))
         self.engine.add(attempt, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                         params=params, priority=req.priority, messages=messages,
-                        arrival_time=now, **extra, **lora,
+                        arrival_time=now, tenant=req.tenant, deadline=expires_at, **extra, **lora,
                         **({"dimensions": req.dimensions} if req.dimensions is not None else {}))
         self.metrics.inc("admitted")
         if self.engine_metrics is not None:

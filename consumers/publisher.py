@@ -384,11 +384,14 @@ class EventPublisher:
                                             batch_id=job.batch_id, submitted_at=job.submitted_at,
                                             queued_at=job.queued_at, logprobs=lps,
                                             prompt_logprobs=prompt_lps,
-                                            tool_calls=calls or None, model=job.model or self.model)
+                                            tool_calls=calls or None, model=job.model or self.model,
+                                            tenant=job.tenant)
         except (orjson.JSONEncodeError, TypeError) as exc:
             self._engine_error(st, ERR_INTERNAL, f"the final event could not be encoded: {exc}")
             return
-        self.metrics.inc("cancelled" if out.finish_reason == "abort" else "completed")
+        self.metrics.inc({"abort": "cancelled", "expired": "expired"}.get(out.finish_reason,
+                                                                          "completed"))
+        self.metrics.tenant_tokens(job.tenant, out.num_prompt_tokens, len(out.token_ids))
         spans = None if self.tracer is None else request_spans.finished(
             self.tracer, st.headers, job, out, worker=self.worker, model=self.model,
             topic=self.topic_results)
@@ -410,7 +413,7 @@ class EventPublisher:
         key = r.request_id.encode() if r.request_id is not None else None
         value = event_bytes.error_event(r.request_id, r.attempt, r.code, r.message,
                                         field=r.field, worker=self.worker, batch_id=r.batch_id,
-                                        model=r.model)
+                                        model=r.model, tenant=r.tenant)
         headers = event_headers(r.headers, r.request_id, r.tenant)
         if key is None:
             messages = [Message(self.topic_results, key, value, headers, FINAL, None)]
@@ -434,11 +437,14 @@ class EventPublisher:
         value = event_bytes.abort_event(a.request_id, a.attempt, worker=self.worker,
                                         batch_id=a.batch_id, submitted_at=a.submitted_at,
                                         queued_at=a.queued_at, now=time.time(),
-                                        model=self.model)
-        self.metrics.inc("cancelled")
+                                        model=self.model, finish_reason=a.finish_reason,
+                                        tenant=a.tenant)
+        self.metrics.inc("cancelled" if a.finish_reason == "abort" else a.finish_reason)
         spans = None if self.tracer is None else request_spans.ended_without_running(
-            self.tracer, a.headers, a.request_id, a.attempt, code="cancelled",
-            message="cancelled before it ran", worker=self.worker, topic=self.topic_results)
+            self.tracer, a.headers, a.request_id, a.attempt,
+            code="cancelled" if a.finish_reason == "abort" else a.finish_reason,
+            message="cancelled before it ran" if a.finish_reason == "abort"
+            else "its deadline passed before it ran", worker=self.worker, topic=self.topic_results)
         self.tracked.track(Ending(a.ticket, a.request_id, a.attempt, a.batch_id,
                                   self._finals(key, value,
                                                event_headers(a.headers, a.request_id, a.tenant),

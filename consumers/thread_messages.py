@@ -80,7 +80,8 @@ class Rejected:
 
 @dataclass(frozen=True, slots=True)
 class Aborted:
-    """A request cancelled before it was admitted: an `abort` final without running it."""
+    """A request cancelled before it was admitted: an `abort` final without running it
+    (finish_reason "expired": its deadline passed before it was read)."""
 
     ticket: int
     request_id: str
@@ -91,6 +92,7 @@ class Aborted:
     headers: Headers = field(default_factory=list)
     tenant: str | None = None
     reply_to: str | None = None
+    finish_reason: str = "abort"
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +161,8 @@ class AddRequest:
     tools: list[dict[str, Any]] | None = None
     dimensions: int | None = None  # an embedding request's cut (EmbeddingEngine)
     lora: str | None = None                  # the LoRA adapter the request names (engine/lora)
+    tenant: str | None = None                # (absent unless set, as tools)
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -377,6 +377,6 @@ class EmbeddingEngine:
         """The generation engine's gauges' names where they mean the same."""
         used = self.kv.pool.num_used_blocks
         return {"num_steps": self.num_steps, "num_tokens": self.num_tokens,
-                "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-                "num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
+                "running": len(self.scheduler.running), "waiting": self.scheduler.num_waiting,
+                "num_running": len(self.scheduler.running), "num_waiting": self.scheduler.num_waiting,
                 "kv_blocks_used": used, "kv_blocks_total": self.num_kv_blocks}

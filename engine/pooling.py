@@ -137,12 +137,13 @@ def pool(hidden: torch.Tensor, starts: list[int], ends: list[int], mode: str) ->
         return h[starts]
     if mode == "lasttoken":
         return h[[e - 1 for e in ends]]
-    lens = torch.tensor([e - s for s, e in zip(starts, ends)], dtype=torch.float32)
+    dev = h.device
+    lens = torch.tensor([e - s for s, e in zip(starts, ends)], dtype=torch.float32, device=dev)
     if mode == "max":
         return torch.stack([h[s:e].max(0).values for s, e in zip(starts, ends)])
     # sum per sequence in one op: a segment sum over the flattened rows
-    seg = torch.repeat_interleave(torch.arange(len(starts)), lens.long())
-    sums = torch.zeros(len(starts), h.shape[1], dtype=torch.float32).index_add_(0, seg, h)
+    seg = torch.repeat_interleave(torch.arange(len(starts), device=dev), lens.long())
+    sums = torch.zeros(len(starts), h.shape[1], dtype=torch.float32, device=dev).index_add_(0, seg, h)
     if mode == "mean":
         return sums / lens[:, None]
     return sums / lens.sqrt()[:, None]  # mean_sqrt_len

@@ -58,10 +58,14 @@ def build_request(item: Any, params: SamplingParams | Mapping | None = None, *,
              request_id: str | None = None, priority: int | None = None,
              metadata: Mapping | None = None, batch_id: str | None = None,
              tools: list | None = None, tool_choice: Any = None,
-             model: str | None = None, reply_to: str | None = None) -> InferenceRequest:
+             model: str | None = None, tenant: str | None = None,
+             timeout: float | None = None, deadline: float | None = None,
+             reply_to: str | None = None) -> InferenceRequest:
     """One InferenceRequest from what submit accepts (a prompt, chat messages, token ids, a
     dict of request fields or an InferenceRequest); SchemaError names the first bad field."""
     if isinstance(item, InferenceRequest):
+        if tenant is not None and item.tenant is None:
+            item = item.model_copy(update={"tenant": tenant})
         return item if model is None else item.model_copy(update={"model": model})
     fields: dict[str, Any] = {}
     if isinstance(item, Mapping):
@@ -92,6 +96,9 @@ def build_request(item: Any, params: SamplingParams | Mapping | None = None, *,
         fields["tool_choice"] = tool_choice
     if model is not None:
         fields["model"] = model
+    for name, value in (("tenant", tenant), ("timeout", timeout), ("deadline", deadline)):
+        if value is not None:
+            fields.setdefault(name, value)
     if reply_to is not None:
         fields["reply_to"] = reply_to
     fields.setdefault("submitted_at", time.time())
@@ -188,7 +195,8 @@ class RequestsClient:
                batch_id: str | None = None, flush: bool = True, tools: list | None = None,
                tool_choice: Any = None, model: str | None = None,
                allow_unserved: bool = False, headers: Headers | None = None,
-               reply_to: str | None = None) -> str:
+               tenant: str | None = None, timeout: float | None = None,
+               deadline: float | None = None, reply_to: str | None = None) -> str:
         """Publish one request; returns its request_id (a given one is kept).
         `params` may constrain the output (`{"structured_outputs": {"json": SCHEMA}}`, or
         SamplingParams(structured_outputs=...)); `tools` / `tool_choice` (OpenAI's, with
@@ -197,12 +205,15 @@ class RequestsClient:
         serves is a ModelNotFoundError, unless `allow_unserved` (it waits in its topic for
         workers that start later). `headers`: extra record headers (`traceparent` /
         `tracestate` of the caller's trace; any other is copied onto the request's events).
-        `reply_to`: a topic of yours that also gets its final event (and its deltas when it
-        streams): docs/kafka-contract.md."""
+        `tenant`: who it is for (default INFLIGHT_TENANT; fair share, usage); `timeout`
+        (seconds) / `deadline` (epoch seconds): it ends `expired` when not done by then
+        (docs/tenants.md). `reply_to`: a topic of yours that also gets its final event (and
+        its deltas when it streams): docs/kafka-contract.md."""
         req = build_request(messages if messages is not None else prompt, params,
                             request_id=request_id, priority=priority, metadata=metadata,
                             batch_id=batch_id, tools=tools, tool_choice=tool_choice,
-                            model=model, reply_to=reply_to)
+                            model=model, tenant=tenant or self.settings.tenant,
+                            timeout=timeout, deadline=deadline, reply_to=reply_to)
         self._publish(*self.routed(req, allow_unserved), headers=headers)
         if flush:
             self.flush()
@@ -267,7 +278,8 @@ class RequestsClient:
     def submit_many(self, items: Iterable[Any], params: SamplingParams | Mapping | None = None, *,
                     priority: int | None = None, batch_id: str | None = None,
                     progress: bool | None = None, flush_every: int = 1000,
-                    model: str | None = None, allow_unserved: bool = False) -> list[str]:
+                    model: str | None = None, allow_unserved: bool = False,
+                    tenant: str | None = None) -> list[str]:
         """Publish many requests (strings, messages, dicts of request fields or
         InferenceRequests); a progress bar shows on long inputs. Returns the ids in order.
         `model`: for items that name none; each request goes to its own model's topics (a
@@ -280,7 +292,8 @@ class RequestsClient:
         ids = []
         with tqdm(total=total, disable=not show, unit="req", desc="submit") as bar:
             for item in items:
-                req = build_request(item, params, priority=priority, batch_id=batch_id)
+                req = build_request(item, params, priority=priority, batch_id=batch_id,
+                                    tenant=tenant or self.settings.tenant)
                 if model is not None and req.model is None:
                     req = req.model_copy(update={"model": model})
                 self._publish(*self.routed(req, allow_unserved))

@@ -35,8 +35,9 @@ ERR_REPLY_TO_REFUSED = "reply_to_refused"
 ERR_WRONG_MODEL_KIND = "wrong_model_kind"
 
 # Engine finish reasons, as vLLM spells them.
-FinishReason = Literal["stop", "length", "abort", "error"]
-FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error")
+# "expired": stopped at the request's deadline (InferenceRequest.timeout / deadline).
+FinishReason = Literal["stop", "length", "abort", "error", "expired"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "expired")
 
 
 class Usage(WireModel):
@@ -151,6 +152,8 @@ class FinalEvent(WireModel):
     # an embedding request (kind "embed"): its vector, float32 little-endian bytes in
     # base64 (schemas/embeddings.py: decode_vector)
     embedding: EmbeddingB64 | None = None
+    # the request's tenant (InferenceRequest.tenant), copied so the store files it
+    tenant: WireId | None = None
 
 
 class ErrorEvent(WireModel):
@@ -171,6 +174,7 @@ class ErrorEvent(WireModel):
     batch_id: WireId | None = None
     # the model the request named (None: it named none, or it could not be read)
     model: ModelId | None = None
+    tenant: WireId | None = None  # the request's tenant, when it could be read
 
 
 ResultEvent = Annotated[Union[TokenEvent, StatusEvent, FinalEvent, ErrorEvent],

@@ -62,6 +62,16 @@ class InferenceRequest(WireModel):
     model goes to its own request topics (transport/model_topics.py), and a worker that
     reads a request for a model it does not serve ends it `model_not_found`.
 
+    `tenant`: who the request is for (fair share in the scheduler, limits, usage). The HTTP
+    API sets it from the caller's key owner; Kafka producers and `Client` set it themselves
+    (trusted inside the data platform; a worker with INFLIGHT_REQUIRE_TENANT refuses a
+    request without one). None = the anonymous tenant.
+
+    `timeout` (seconds from `submitted_at`) / `deadline` (epoch seconds): a request not
+    started by then ends `expired` without running; one running past it is stopped and ends
+    `expired` with what it produced (finish_reason "expired"). Both given: the earlier wins
+    (`expires_at`).
+
     `reply_to`: a topic that also gets the request's final event (and its token deltas when
     it streams), keyed by request_id, with the same headers; it must exist and match
     INFLIGHT_REPLY_TO_PATTERN (never one of the project's own topics), else the request
@@ -95,6 +105,9 @@ class InferenceRequest(WireModel):
     # (schemas/embeddings.py); `dimensions` cuts the vector (Matryoshka), embed only
     kind: RequestKind = "generate"
     dimensions: int | None = Field(default=None, ge=1, le=65536)
+    tenant: WireId | None = None
+    timeout: float | None = Field(default=None, gt=0.0, le=366 * 86_400.0)
+    deadline: float | None = Field(default=None, ge=0.0)
 
     @model_validator(mode="before")
     @classmethod
@@ -163,6 +176,24 @@ class InferenceRequest(WireModel):
     def wants_stream(self) -> bool:
         """Whether the worker publishes token deltas (see `stream`)."""
         return self.stream if self.stream is not None else self.priority < PRIORITY_BATCH
+
+    @property
+    def expires_at(self) -> float | None:
+        """Epoch seconds after which the request is useless (`timeout`, `deadline`), or None."""
+        by_timeout = None if self.timeout is None else self.submitted_at + self.timeout
+        if by_timeout is None or self.deadline is None:
+            return by_timeout if self.deadline is None else self.deadline
+        return min(by_timeout, self.deadline)
+
+    @property
+    def token_estimate(self) -> int:
+        """Its tokens before it runs (what limits reserve): the prompt (token ids exactly;
+        text: characters / 4, rounded up) + max_tokens."""
+        if self.prompt_token_ids is not None:
+            prompt = len(self.prompt_token_ids)
+        else:
+            prompt = -(-self.prompt_chars // 4)
+        return prompt + self.params.max_tokens
 
     @property
     def prompt_chars(self) -> int:

@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     # request topics of a model; `inflight topics create --partitions` overrides)
     topic_partitions: int = Field(default=4, ge=1)
 
+    # the tenant a Client (and `inflight submit`) stamps on requests that name none
+    # (InferenceRequest.tenant; the HTTP API uses the caller key's owner instead)
+    tenant: str | None = None
+
     # --- store ---------------------------------------------------------------------
     database_url: str = Field(default_factory=lambda: f"sqlite:///{_data_dir() / 'inflight.db'}")
 
@@ -166,6 +170,11 @@ class Settings(BaseSettings):
     # INFLIGHT_SPECULATIVE_CONFIG='{"method": "ngram", "num_speculative_tokens": 4}'; the
     # engine checks the keys (engine/spec/config.py)
     speculative_config: str | None = engine_option()
+    # fair share between tenants within a priority class (None = the engine's default: on;
+    # false = first come, first served) and the tenants' weights as JSON, e.g.
+    # INFLIGHT_TENANT_WEIGHTS='{"team-a": 1, "team-b": 3}' (others weigh 1); docs/tenants.md
+    fair_share: bool | None = engine_option()
+    tenant_weights: str | None = engine_option()
     # LoRA adapters (engine/lora, docs/lora.md): slots resident at once (0 = none; None =
     # as many as worker_loras names), the largest rank, adapters kept read in host memory
     max_loras: int | None = engine_option()
@@ -211,6 +220,15 @@ class Settings(BaseSettings):
 
     # --- worker ----------------------------------------------------------------------
     worker_max_inflight: int = 64
+    # requests a worker reads ahead of those (they wait in the engine's queue, shown as
+    # running): fair share and deadlines choose among what the worker holds, so a small
+    # tenant's requests behind another's flood in the partitions are seen and served
+    # (docs/tenants.md); 0 = hold only worker_max_inflight
+    worker_read_ahead: int = Field(default=4096, ge=0)
+    # refuse (error `invalid_request`, field tenant) a Kafka request that names no tenant
+    require_tenant: bool = False
+    # per-tenant token counters carry a `tenant` label (cardinality: one series per tenant)
+    tenant_metrics: bool = False
     # create the worker's request topics (and the shared ones) at start when they are
     # missing, if the broker allows it (a refusal is logged; `inflight topics create --model`)
     worker_create_topics: bool = True
@@ -264,6 +282,25 @@ class Settings(BaseSettings):
     @classmethod
     def _speculative_json(cls, value: str | None) -> str | None:
         return speculative_json(value)
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _tenant_weights(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        import json
+
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"tenant_weights is not valid JSON ({exc}); give an object such "
+                             'as {"team-a": 1, "team-b": 3}') from None
+        if not isinstance(parsed, dict) or not all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) and 0 < w < float("inf")
+                for w in parsed.values()):
+            raise ValueError('tenant_weights: give a JSON object {"tenant": weight}, weights '
+                             "positive numbers")
+        return value
 
     @classmethod
     def engine_option_names(cls) -> list[str]:

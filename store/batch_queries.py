@@ -30,7 +30,8 @@ from inflight.store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BAT
 _BATCH_FIELDS = {"endpoint", "input_file_id", "completion_window", "output_file_id",
                  "error_file_id", "errors", "meta", "request_total", "request_completed",
                  "request_failed", "request_cancelled", "request_expired", "lines_validated",
-                 "lines_enqueued", "expires_at", "owner", "output_expires_after", "parquet_source"}
+                 "lines_enqueued", "expires_at", "owner", "output_expires_after", "parquet_source",
+                 "queued_tokens"}
 
 
 def _columns(fields: dict[str, Any]) -> dict[str, Any]:

@@ -102,9 +102,11 @@ class Base(DeclarativeBase):
 class RequestRow(Base):
     __tablename__ = "requests"
     # ix_requests_batch_updated: a running batch's finished lines in the order they were
-    # written (partial results, producers.batch_partial)
+    # written (partial results, producers.batch_partial); ix_requests_owner_created_at: the
+    # limits' window (api/rate_limits.py), an owner's recent requests
     __table_args__ = (_status_check("ck_requests_status"),
-                      Index("ix_requests_batch_updated", "batch_id", "updated_at", "id"))
+                      Index("ix_requests_batch_updated", "batch_id", "updated_at", "id"),
+                      Index("ix_requests_owner_created_at", "owner", "created_at"))
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)  # = request_id
     batch_id: Mapped[str | None] = mapped_column(String(ID_LEN), index=True)
@@ -113,6 +115,11 @@ class RequestRow(Base):
     # the model the request named (resolved by the router), then the one that ran it (the
     # final event's: the worker's served model id)
     model: Mapped[str | None] = mapped_column(String(MODEL_LEN), index=True)
+    # who it is for (InferenceRequest.tenant: the key's owner on the HTTP API)
+    tenant: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)
+    # its token charge: prompt (estimated) + max_tokens when filed by the API, the real
+    # prompt + completion tokens once final (tokens-per-minute limits read it)
+    tokens: Mapped[int | None] = mapped_column(BigInteger)
     status: Mapped[str] = mapped_column(String(16), index=True)
     priority: Mapped[int | None] = mapped_column(Integer)
     prompt: Mapped[Any | None] = mapped_column(JSONType)  # str | chat messages | {"prompt_token_ids"}
@@ -175,6 +182,9 @@ class BatchRow(Base):
     request_failed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     request_cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     request_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # prompt (estimated) + max_tokens of its valid lines: what counts against its owner's
+    # queued-token limit while it is not final
+    queued_tokens: Mapped[int | None] = mapped_column(BigInteger)
     # progress of the validate-and-enqueue task: input lines checked, lines published
     lines_validated: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lines_enqueued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

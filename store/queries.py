@@ -46,7 +46,8 @@ from inflight.store.urls import normalize_url, redact
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
 _REQUEST_COLUMN_SET = frozenset(_REQUEST_COLUMNS)
 _KEEP_ON_CONFLICT = {"id", "created_at"}
-_FILL_ONLY = ("prompt", "params", "batch_id", "priority", "custom_id", "owner", "trace_id")
+_FILL_ONLY = ("prompt", "params", "batch_id", "priority", "custom_id", "owner", "trace_id",
+              "tenant")
 UPSERT_CHUNK = 500  # rows per INSERT statement (SQLite caps bound parameters)
 PG_UPSERT_CHUNK = 5000  # rows per INSERT statement on Postgres (its parameters are arrays)
 
@@ -55,7 +56,7 @@ PG_UPSERT_CHUNK = 5000  # rows per INSERT statement on Postgres (its parameters 
 # and their array types (text, not varchar(n): an explicit cast to varchar(n) would cut a
 # long value silently, where the insert into the column refuses it)
 _UNNEST_COLUMNS = {"id": "text", "batch_id": "text", "custom_id": "text", "owner": "text",
-                   "model": "text",
+                   "model": "text", "tenant": "text", "tokens": "bigint",
                    "status": "text", "priority": "integer", "attempts": "integer",
                    "created_at": "timestamptz", "updated_at": "timestamptz"}
 

@@ -3,7 +3,7 @@ row leads to its trace (docs/tracing.md); NULL for rows written before, and for 
 that came without a well-formed traceparent
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-03
 """
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0010"
-down_revision: str | None = "0008"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
