@@ -67,7 +67,7 @@ def test_captured_messages_match_the_committed_schemas_and_headers_travel(servic
     tag = uuid.uuid4().hex[:6]
     # 1) the Client, with the caller's trace context and a header of its own
     ours = client.submit("one two three", {"max_tokens": 6, "temperature": 0},
-                         request_id=f"c-{tag}", metadata={"k": "v"},
+                         request_id=f"c-{tag}", metadata={"k": "v"}, tenant="acme",
                          headers=[("traceparent", PARENT.encode()), ("tracestate", b"vendor=1"),
                                   ("x-pipeline-run", b"run-7")])
     # 2) a foreign producer: a plain dict built from the schema, headers of its own (one
@@ -137,7 +137,7 @@ def test_captured_messages_match_the_committed_schemas_and_headers_travel(servic
     for rec in mine:
         hs = _headers(rec)
         assert hs["traceparent"] == PARENT.encode() and hs["tracestate"] == b"vendor=1"
-        assert hs["x-pipeline-run"] == b"run-7"
+        assert hs["x-pipeline-run"] == b"run-7" and hs["inflight-tenant"] == b"acme"
     # the foreign request's events: its headers unchanged and in order, after ours; the
     # header named like ours is copied, never read as the tenant
     theirs = [r for r in results + tokens if r.key == foreign.encode()]
