@@ -48,12 +48,12 @@ from inflight.consumers.metrics import Metrics
 from inflight.consumers.thread_messages import (Aborted, AddFailed, Admitted, HandBack,
                                                 PublisherCommand, Rejected, Settled, Slots,
                                                 StepOutputs, StopPublishing, TicketState)
-from inflight.consumers.tracked_sends import DLQ, FINAL, Ending, Message, TrackedSends
+from inflight.consumers.tracked_sends import DLQ, FINAL, REPLY, Ending, Message, TrackedSends
 from inflight.schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, Settings
 from inflight.schemas.headers import event_headers
 from inflight.schemas.tools import parse_tool_calls
-from inflight.transport.partitioner import key_hash, partition_of
 from inflight.transport import tracing
+from inflight.transport.partitioner import key_hash, partition_of
 from inflight.transport.results_producer import ResultsProducer
 
 if TYPE_CHECKING:
@@ -466,6 +466,6 @@ class EventPublisher:
         out = [Message(self.topic_results, key, value, headers, FINAL,
                        self._partition(self.topic_results, h))]
         if reply_to is not None:
-            out.append(Message(reply_to, key, value, headers, FINAL,
+            out.append(Message(reply_to, key, value, headers, REPLY,
                                self._partition(reply_to, h)))
         return out
