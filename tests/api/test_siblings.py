@@ -47,6 +47,20 @@ def test_n_choices(stack):
     assert sampled.usage.completion_tokens == sum(len(r.token_ids) for r in refs)
 
 
+def test_siblings_compute_the_prompt_once(stack):
+    """The siblings share the parent's Kafka key, so one worker gets all four: the prompt's
+    full blocks are computed once and hit by the other three (the worker engine's counters)."""
+    engine = stack.service.worker.engine
+    bs = engine.kv.block_size
+    prefill, hits = engine.counters.prefill_tokens, engine.kv.num_hit_tokens
+    out = sdk(stack, stack.new_key()).completions.create(
+        model="tiny", prompt="siblings share a prompt " * 12, max_tokens=2, temperature=0, n=4)
+    p = out.usage.prompt_tokens
+    assert p > 4 * bs and len({c.text for c in out.choices}) == 1
+    assert engine.counters.prefill_tokens - prefill <= p + 3 * bs  # not 4 * p
+    assert engine.kv.num_hit_tokens - hits >= 3 * (p - bs)
+
+
 def test_n_refusals(stack):
     client = sdk(stack, stack.new_key())
     with pytest.raises(openai.BadRequestError) as err:
