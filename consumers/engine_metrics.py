@@ -115,7 +115,7 @@ class EngineMetrics:
                         "spec_decode_num_accepted_tokens": 0}
         self._per_pos_totals: list[int] = []
         self._registry = registry
-        self._lora: LoraMetrics | None = None  # made by the first stats of an engine with adapters
+        self._lora = LoraMetrics(registry, model_name)
 
     def observe_first(self, out: RequestOutput, now: float) -> float:
         """A request's first token(s) (TTFT, its prompt tokens); returns the time of its
@@ -158,9 +158,7 @@ class EngineMetrics:
             if value > self._totals[key]:
                 counter.inc(value - self._totals[key])
             self._totals[key] = value
-        if "lora_loaded" in stats:
-            if self._lora is None:
-                self._lora = LoraMetrics(self._registry, self._model_name)
+        if "lora_loaded" in stats:  # an engine with adapter slots
             self._lora.observe(stats)
         per_pos = stats.get("spec_decode_accepted_per_pos") or []
         seen = self._per_pos_totals
@@ -185,13 +183,13 @@ class LoraMetrics:
         self._info = Gauge("vllm:lora_requests_info", "running and waiting LoRA adapters",
                            ["model_name", "max_lora", "running_lora_adapters", "waiting_lora_adapters"],
                            registry=registry)
-        self._loads = Counter("inflight:lora_loads", "LoRA adapters loaded into a slot",
+        self._loads = Counter("inflight_lora_loads", "LoRA adapters loaded into a slot",
                               ["model_name"], registry=registry).labels(model_name)
-        self._evictions = Counter("inflight:lora_evictions", "idle LoRA adapters evicted from a slot",
+        self._evictions = Counter("inflight_lora_evictions", "idle LoRA adapters evicted from a slot",
                                   ["model_name"], registry=registry).labels(model_name)
-        self._resident = Gauge("inflight:lora_resident", "LoRA adapters resident in slots",
+        self._resident = Gauge("inflight_lora_resident", "LoRA adapters resident in slots",
                                ["model_name"], registry=registry).labels(model_name)
-        self._load_time = Histogram("inflight:lora_load_seconds", "time to load a LoRA adapter into a slot",
+        self._load_time = Histogram("inflight_lora_load_seconds", "time to load a LoRA adapter into a slot",
                                     ["model_name"], buckets=LORA_LOAD_BUCKETS,
                                     registry=registry).labels(model_name)
         self._model_name = model_name

@@ -95,11 +95,11 @@ def test_adapters_over_kafka_and_the_openai_sdk(broker, tiny_model, adapters, ex
         run_time_load_and_unload(settings, client, store, adapters[C], expected, key)
         registry = service.worker.metrics.registry
         deadline = time.monotonic() + 10
-        while (registry.get_sample_value("inflight:lora_loads_total", {"model_name": BASE}) or 0) < 3 \
+        while (registry.get_sample_value("inflight_lora_loads_total", {"model_name": BASE}) or 0) < 3 \
                 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert registry.get_sample_value("inflight:lora_loads_total", {"model_name": BASE}) >= 3
-        assert registry.get_sample_value("inflight:lora_load_seconds_count", {"model_name": BASE}) >= 3
+        assert registry.get_sample_value("inflight_lora_loads_total", {"model_name": BASE}) >= 3
+        assert registry.get_sample_value("inflight_lora_load_seconds_count", {"model_name": BASE}) >= 3
         info = [s for m in registry.collect() if m.name == "vllm:lora_requests_info" for s in m.samples]
         assert info and info[0].labels["max_lora"] == "2"
     finally:
