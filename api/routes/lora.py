@@ -19,10 +19,12 @@ from pydantic import BaseModel, Field
 
 from inflight.api.deps import Caller, Ctx
 from inflight.api.errors import APIError
-from inflight.api.models.errors import OPENAI_ERRORS
+from inflight.api.models.errors import OPENAI_ERRORS, ErrorBody
 from inflight.api.routing import ApiRoute
 
-router = APIRouter(route_class=ApiRoute, prefix="/v1", tags=["lora"], responses=OPENAI_ERRORS)
+router = APIRouter(route_class=ApiRoute, prefix="/v1", tags=["lora"],
+                   responses={**OPENAI_ERRORS, 403: {"model": ErrorBody,
+                                                     "description": "not a LoRA admin key"}})
 
 
 class LoadLoraBody(BaseModel):
@@ -51,7 +53,8 @@ async def _send(ctx, action: str, name: str, path: str | None, model: str | None
         raise APIError(400, str(exc), param="lora_name", code="invalid_request_error") from None
 
 
-@router.post("/load_lora_adapter", summary="Load a LoRA adapter on the workers")
+@router.post("/load_lora_adapter", summary="Load a LoRA adapter on the workers",
+             response_class=PlainTextResponse)
 async def load_lora_adapter(body: LoadLoraBody, ctx: Ctx, caller: Caller) -> Response:
     _admin(ctx, caller)
     if ctx.models.get(body.lora_name) is not None:
@@ -61,7 +64,8 @@ async def load_lora_adapter(body: LoadLoraBody, ctx: Ctx, caller: Caller) -> Res
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
-@router.post("/unload_lora_adapter", summary="Unload a LoRA adapter from the workers")
+@router.post("/unload_lora_adapter", summary="Unload a LoRA adapter from the workers",
+             response_class=PlainTextResponse)
 async def unload_lora_adapter(body: UnloadLoraBody, ctx: Ctx, caller: Caller) -> Response:
     _admin(ctx, caller)
     await _send(ctx, "unload", body.lora_name, None, body.model)
