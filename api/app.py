@@ -27,10 +27,11 @@ from inflight.api.cache import FinalAnswers
 from inflight.api.context import ApiContext, db_slots
 from inflight.api.limits import BodyLimitMiddleware
 from inflight.api.metrics import ApiMetrics, MetricsMiddleware
-from inflight.api.routes import (batches, chat, completions, files, health, lora, message_batches,
-                                 messages, models, requests)
+from inflight.api.routes import (batches, chat, completions, embeddings, files, health, lora,
+                                 message_batches, messages, models, requests, usage, webhooks)
 from inflight.api.served_models import ApiModels, default_context
 from inflight.api.streams import Streams
+from inflight.api.tracing import TracingMiddleware
 from inflight.api.upload_sweep import sweep_uploads
 from inflight.producers import Client
 from inflight.producers.results_reader import ResultsReader
@@ -38,6 +39,7 @@ from inflight.schemas import Settings
 from inflight.schemas.errors import ConfigError, InflightError
 from inflight.store import Store
 from inflight.store.migrate import current_revision, head_revision
+from inflight.transport import tracing
 from inflight.transport.registry_reader import RegistryReader
 
 log = logging.getLogger("inflight.api")
@@ -48,7 +50,8 @@ REGISTRY_WAIT_S = 5.0   # at start: read the model registry this long before ser
 
 def _open_store(settings: Settings) -> Store:
     # no pre-ping: a poll is one round trip (store/owner_queries.py retries a dead connection once)
-    store = Store.embedded(settings.database_url, pre_ping=False)  # SQLite migrates itself
+    store = Store.embedded(settings.database_url, pre_ping=False, files_url=settings.files_url,
+                           files_endpoint=settings.files_s3_endpoint)  # SQLite migrates itself
     if store.dialect != "sqlite":
         have, want = current_revision(store.url), head_revision()
         if have != want:
@@ -132,11 +135,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "route but /healthz, /readyz and /metrics needs an API key.")
     errors.install(app)
     for module in (health, models, requests, chat, completions, messages, files, batches,
-                   message_batches, lora):
+                   message_batches, embeddings, usage, webhooks, lora):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, body_bytes=settings.api_max_body_bytes,
                        upload_bytes=settings.api_max_upload_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    tracer = tracing.tracer(settings, "inflight.api")  # None: OpenTelemetry is off
+    if tracer is not None:
+        app.add_middleware(TracingMiddleware, tracer=tracer)
     return app
 
 

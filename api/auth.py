@@ -5,7 +5,7 @@
 `KeyCache.authenticate` answers from memory for a key verified within the last
 `INFLIGHT_API_KEY_CACHE_S` seconds. Past that, it re-reads only the row's revocation (one
 primary-key lookup); the argon2 verification runs once per key per process. A revoked key
-is refused by every process within that many seconds.
+is refused by every process within that many seconds; changed limits apply as soon.
 
 NOTE: a failed token is remembered (by digest) for a few seconds and at most two argon2
 verifications run at once, so a flood of bad keys cannot eat the CPU that polls need.
@@ -24,8 +24,9 @@ from anyio import to_thread
 
 from inflight.api.errors import APIError
 from inflight.api.keys import KeyInfo, lookup
+from inflight.api.rate_limits import Limits
 from inflight.store import Store
-from inflight.store.keys import key_revoked
+from inflight.store.keys import key_state
 
 log = logging.getLogger("inflight.api")
 
@@ -39,6 +40,9 @@ class Principal:
 
     owner: str | None
     key_id: str | None = None
+    # the key's limits (api/rate_limits.py; None: unlimited) and whether it sees all usage
+    limits: "Limits | None" = None
+    admin: bool = False
 
 
 ANONYMOUS = Principal(owner=None)
@@ -47,6 +51,10 @@ ANONYMOUS = Principal(owner=None)
 def unauthorized(message: str) -> APIError:
     return APIError(401, message, code="invalid_api_key",
                     headers={"WWW-Authenticate": 'Bearer realm="inflight"'})
+
+
+def _principal(info: KeyInfo) -> Principal:
+    return Principal(owner=info.owner, key_id=info.id, limits=Limits.of(info), admin=info.admin)
 
 
 class KeyCache:
@@ -69,10 +77,12 @@ class KeyCache:
             principal, checked = hit
             if now - checked < self.ttl_s:
                 return principal
-            if await to_thread.run_sync(key_revoked, self.store, principal.key_id,
-                                        limiter=self._db_slots):
+            row = await to_thread.run_sync(key_state, self.store, principal.key_id,
+                                           limiter=self._db_slots)
+            if row is None or row.revoked:
                 self._good.pop(digest, None)
                 raise unauthorized("this API key was revoked; create a new one")
+            principal = _principal(KeyInfo.of(row))  # limits changed since: seen now
             self._good[digest] = (principal, now)
             self._good.move_to_end(digest)
             return principal
@@ -84,7 +94,7 @@ class KeyCache:
         if info is None:
             self._remember(self._bad, digest, time.monotonic() + FAILED_TTL_S)
             raise unauthorized("invalid API key (unknown, revoked or mistyped)")
-        principal = Principal(owner=info.owner, key_id=info.id)
+        principal = _principal(info)
         self._remember(self._good, digest, (principal, time.monotonic()))
         return principal
 

@@ -31,11 +31,12 @@ from inflight.producers.models_client import Route
 from inflight.schemas import PRIORITY_BATCH, ErrorEvent, FinalEvent, TokenEvent
 from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
                                      ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
-                                     ERR_PROMPT_TOO_LONG)
+                                     ERR_PROMPT_TOO_LONG, ERR_WRONG_MODEL_KIND)
 from inflight.store import queued_row
+from inflight.api.rate_limits import admit
 from inflight.store.owner_queries import release_request
 
-_CLIENT_ERRORS = {ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE,
+_CLIENT_ERRORS = {ERR_INVALID_REQUEST, ERR_INVALID_SCHEMA, ERR_MESSAGE_TOO_LARGE, ERR_WRONG_MODEL_KIND,
                   ERR_PROMPT_TOO_LONG}
 WAITING_KEEPALIVE = b" "
 RESTARTED = ("the request was redone on another worker and wrote a different text; "
@@ -65,7 +66,10 @@ async def submit(ctx: ApiContext, req: Any, owner: str | None, metric: str,
     it to the response that does (api/streams.py)."""
     if route is not None:
         req = routed(req, route)
-    existing = await ctx.claims.claim(queued_row(req, route.name if route else None), owner)
+    req = for_owner(req, owner)
+    row = queued_row(req, route.name if route else None)
+    row["tokens"] = admit(req)  # 429 when over the caller's limits (api/rate_limits.py)
+    existing = await ctx.claims.claim(row, owner)
     if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
         raise APIError(500, "request id collision; retry")
     stream = await open_and_publish(ctx, req, owner,
@@ -73,6 +77,12 @@ async def submit(ctx: ApiContext, req: Any, owner: str | None, metric: str,
     ctx.metrics.inc(metric)
     ctx.metrics.submitted(route.name if route is not None else ctx.models.default.name, metric)
     return stream
+
+
+def for_owner(req: Any, owner: str | None) -> Any:
+    """The request with the caller key's owner as its tenant (fair share, limits, usage);
+    with authentication off (no owner) the request keeps what it says."""
+    return req if owner is None or req.tenant == owner else req.model_copy(update={"tenant": owner})
 
 
 def routed(req: Any, route: Route) -> Any:

@@ -22,7 +22,8 @@ from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatc
 from inflight.schemas.base import ID_RE
 from inflight.schemas.errors import ConfigError
 from inflight.store import Store
-from inflight.store.keys import ApiKeyRow, get_key, insert_key, list_keys, revoke_key
+from inflight.store.keys import (LIMIT_COLUMNS, ApiKeyRow, get_key, insert_key, list_keys,
+                                 revoke_key, update_key)
 
 TOKEN_RE = re.compile(r"^inf_([0-9a-f]{12})_([0-9a-f]{48})$")
 KEY_ID_RE = re.compile(r"^key_[0-9a-f]{12}$")
@@ -40,10 +41,20 @@ class KeyInfo:
     owner: str
     created_at: datetime
     revoked_at: datetime | None
+    rpm: int | None = None                # requests per minute
+    tpm: int | None = None                # tokens per minute (prompt + max_tokens reserved)
+    max_concurrent: int | None = None     # interactive requests queued or running at once
+    max_queued_tokens: int | None = None  # tokens of batches not yet final
+    admin: bool = False                   # sees every owner's usage
 
     @classmethod
     def of(cls, row: ApiKeyRow) -> "KeyInfo":
-        return cls(row.id, row.name, row.owner, row.created_at, row.revoked_at)
+        return cls(row.id, row.name, row.owner, row.created_at, row.revoked_at, row.rpm,
+                   row.tpm, row.max_concurrent, row.max_queued_tokens, bool(row.admin))
+
+    @property
+    def limits(self) -> dict[str, int | None]:
+        return {name: getattr(self, name) for name in LIMIT_COLUMNS}
 
     @property
     def revoked(self) -> bool:
@@ -64,9 +75,25 @@ def parse_token(token: str) -> tuple[str, str] | None:
     return f"key_{m.group(1)}", m.group(2)
 
 
-def create_key(store: Store, name: str, owner: str | None = None) -> NewKey:
+def _check_limits(limits: dict[str, int | None]) -> dict[str, int | None]:
+    bad = set(limits) - set(LIMIT_COLUMNS)
+    if bad:
+        raise ConfigError(f"key limits: unknown {sorted(bad)}; use {', '.join(LIMIT_COLUMNS)}")
+    for name, value in limits.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ConfigError(f"key limit {name}={value!r}: give a whole number >= 1 (or "
+                              "none to lift it)")
+    return limits
+
+
+def create_key(store: Store, name: str, owner: str | None = None, *, admin: bool = False,
+               **limits: int | None) -> NewKey:
     """A new key named `name`. Its rows are filed under `owner` (default: the key's own id;
-    give several keys one owner to rotate keys without losing access to old rows)."""
+    give several keys one owner to rotate keys without losing access to old rows).
+    `limits`: rpm, tpm, max_concurrent, max_queued_tokens (api/rate_limits.py); `admin`:
+    the key sees every owner's usage."""
+    _check_limits(limits)
     if not name or len(name) > NAME_MAX or not name.isprintable():
         raise ConfigError(f"key name: give 1-{NAME_MAX} printable characters (got {name!r:.80})")
     if owner is not None and not ID_RE.match(owner):
@@ -75,7 +102,8 @@ def create_key(store: Store, name: str, owner: str | None = None) -> NewKey:
     hex_id, secret = secrets.token_hex(6), secrets.token_hex(24)
     key_id = f"key_{hex_id}"
     row = insert_key(store, key_id=key_id, name=name, owner=owner or key_id,
-                     secret_hash=_HASHER.hash(secret))
+                     secret_hash=_HASHER.hash(secret), admin=admin,
+                     **{k: v for k, v in limits.items() if v is not None})
     return NewKey(KeyInfo.of(row), f"inf_{hex_id}_{secret}")
 
 
@@ -101,6 +129,20 @@ def lookup(store: Store, token: str) -> KeyInfo | None:
 
 def all_keys(store: Store, include_revoked: bool = True) -> list[KeyInfo]:
     return [KeyInfo.of(r) for r in list_keys(store, include_revoked=include_revoked)]
+
+
+def update(store: Store, key_id: str, *, admin: bool | None = None,
+           **limits: int | None) -> KeyInfo | None:
+    """Change a key's limits (a value of None lifts that limit) and/or admin flag; None
+    when no such key exists. API processes see it within INFLIGHT_API_KEY_CACHE_S."""
+    if not KEY_ID_RE.match(key_id):
+        raise ConfigError(f"key id: expected key_ and 12 hex digits, as `inflight keys list` "
+                          f"shows (got {key_id!r:.80})")
+    values: dict = dict(_check_limits(limits))
+    if admin is not None:
+        values["admin"] = admin
+    row = update_key(store, key_id, **values)
+    return None if row is None else KeyInfo.of(row)
 
 
 def revoke(store: Store, key_id: str) -> KeyInfo | None:

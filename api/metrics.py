@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 log = logging.getLogger("inflight.api")
 
 NAMED = ("submitted", "submit_groups", "poll_groups", "duplicates", "cancels", "chat_completions",
-         "completions", "messages", "token_counts", "streams_opened", "auth_failures", "files_uploaded", "files_deleted",
+         "completions", "messages", "token_counts", "embeddings", "streams_opened", "auth_failures", "files_uploaded", "files_deleted",
          "batches_created", "broker_fast_fails")
 
 

@@ -28,6 +28,7 @@ from starlette.responses import Response
 
 from inflight.api.deps import authenticate, principal
 from inflight.api.errors import APIError
+from inflight.api.rate_limits import open_window
 from inflight.schemas.errors import SchemaError
 from inflight.schemas.json_text import parse_json
 
@@ -46,8 +47,21 @@ class ApiRoute(APIRoute):
                      and not isinstance(self.body_field.field_info, params.Form))
 
         async def run(request: Request) -> Response:
+            rate = None
             if needs_key:
-                request.state.principal = await authenticate(request)
+                request.state.principal = principal_ = await authenticate(request)
+                rate = await open_window(request, principal_)
+            if rate is None:
+                return await _handle(request)
+            try:
+                response = await _handle(request)
+            except APIError as exc:  # 429s carry the headers already
+                exc.headers = rate.headers() | (exc.headers or {})
+                raise
+            response.headers.update(rate.headers())
+            return response
+
+        async def _handle(request: Request) -> Response:
             encoding = request.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
                 # NOTE: read as it is, a gzip body is "not UTF-8"; unpacked, it could be a bomb

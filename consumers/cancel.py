@@ -8,7 +8,11 @@ still queued when a worker starts, within the lookback.
 
 NOTE: the cancels of the lookback window are read before the worker admits anything: the
 constructor reads until a poll comes back empty (at most CATCH_UP_S) and the first poll()
-returns them. Until some message is stamped inside the window, the lookup is retried now
+returns them. After that a thread of its own reads the topic (a blocking poll, so a cancel
+is taken in as soon as its fetch returns) and hands what it reads to poll(), which the
+intake calls every round and which never waits: the start-offset lookups and the fetches
+run on that thread, never on the intake's (which, loaded, had let a batch's queued
+requests be admitted for seconds after its cancel: docs/benchmarks.md, batch cancel). Until some message is stamped inside the window, the lookup is retried now
 and then. Values (schemas.cancel): `{"request_id": ...}` (or a raw id) for one request,
 `{"batch_id": ...}` for every request of a batch. Memory stays bounded: the worker
 remembers cancelled request ids in an LRU set (the newest ones win) and cancelled batches
@@ -18,6 +22,8 @@ for the lookback window (CancelledBatches).
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 
 from collections import OrderedDict
@@ -63,7 +69,7 @@ class CancelledBatches:
 
 
 class CancelListener:
-    RESOLVE_EVERY_S = 0.5
+    RESOLVE_EVERY_S = 0.2
     CATCH_UP_S = 5.0         # at most this long reading the window's backlog at start
     CATCH_UP_POLL_MS = 300   # a poll this long that returns nothing = caught up
     # NOTE: how long the broker may hold a fetch that finds nothing (at most
@@ -72,9 +78,9 @@ class CancelListener:
     # a cancel reached the worker too late to stop a tiny model before it finished
     # (docs/benchmarks.md, delivery path).
     FETCH_MAX_WAIT_MS = 50
-    # the start offsets are looked up from the intake's thread, which must never wait long
-    # on the broker (it polls the group): a lookup that takes longer is tried again later
-    LOOKUP_TIMEOUT_MS = 200
+    # a start-offset lookup that takes longer is tried again (on the reader's own thread)
+    LOOKUP_TIMEOUT_MS = 2000
+    READ_WAIT_MS = 200       # the reader thread's poll: returns as soon as records come
 
     def __init__(self, settings: Settings, since: float | None = None):
         """Read cancels stamped at or after `since` (epoch seconds; default: now minus
@@ -94,6 +100,28 @@ class CancelListener:
         if self._backlog:
             log.info("cancel topic: %d cancels from the last %.0fs", len(self._backlog),
                      time.time() - since)
+        self._read_out: queue.SimpleQueue[tuple[Cancel, float]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cancel-reader", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        """The reader thread: the only user of the consumer once the constructor returned."""
+        while not self._stop.is_set():
+            try:
+                self._resolve()
+                if len(self._unresolved) == len(self.tps):
+                    self._stop.wait(0.05)  # nothing stamped inside the window yet
+                    continue
+                got: list[tuple[Cancel, float]] = []
+                self._read(self.READ_WAIT_MS, got)
+                for item in got:
+                    self._read_out.put(item)
+            except Exception:  # noqa: BLE001 - the reader goes on; the next poll retries
+                if self._stop.is_set():
+                    return
+                log.exception("cancel topic: reading failed; retrying")
+                self._stop.wait(0.5)
 
     def _catch_up(self) -> list[tuple[Cancel, float]]:
         self._resolve()
@@ -126,10 +154,11 @@ class CancelListener:
         """(cancel, when it was sent: epoch seconds) of each cancel read since the last call
         (the first call: also those of the lookback window read at start). Never blocks."""
         ids, self._backlog = self._backlog, []
-        self._resolve()
-        if len(self._unresolved) < len(self.tps):
-            self._read(0, ids)
-        return ids
+        while True:
+            try:
+                ids.append(self._read_out.get_nowait())
+            except queue.Empty:
+                return ids
 
     def _read(self, timeout_ms: int, out: list[tuple[Cancel, float]]) -> int:
         """Append the cancels of one poll to `out`; returns the number of records."""
@@ -146,4 +175,6 @@ class CancelListener:
         return n
 
     def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.READ_WAIT_MS / 1000 + self.LOOKUP_TIMEOUT_MS / 1000 + 5)
         self.consumer.close()

@@ -8,28 +8,12 @@ MessageSizeTooLargeError forever), which would stall the worker on one poison pi
 
 from __future__ import annotations
 
-from typing import Any
+from inflight.schemas.headers import header_key as _header_key
+from inflight.schemas.headers import header_value as _header_value
 
 TRUNCATED_BODY_BYTES = 64 * 1024   # what is kept of a body too large to forward whole
 HEADER_VALUE_BYTES = 4000          # error texts in headers are cut to this
 _OURS = ("inflight-error-code", "inflight-error", "inflight-source")
-
-
-def _header_key(key: Any) -> str:
-    if isinstance(key, (bytes, bytearray, memoryview)):
-        key = bytes(key).decode("utf-8", "backslashreplace")
-    elif not isinstance(key, str):
-        key = str(key)
-    # lone surrogates cannot be encoded by the producer: escape them
-    return key.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _header_value(value: Any) -> bytes:
-    if value is None:
-        return b""  # Kafka allows null header values; kafka-python's producer does not
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    return str(value).encode("utf-8", "backslashreplace")
 
 
 def dlq_headers(headers: list | None, code: str, message: str, source: str) -> list[tuple[str, bytes]]:

@@ -98,6 +98,7 @@ def engine_config(settings: Settings) -> Any:
 def build_engine(settings: Settings) -> Any:
     """The worker's engine (engine_config); `--device cuda:auto` claims free GPUs first."""
     from inflight.engine import Engine
+    from inflight.engine.embedding_engine import EmbeddingEngine, is_embedding_model
 
     config = engine_config(settings)
     claim = None
@@ -107,8 +108,12 @@ def build_engine(settings: Settings) -> Any:
         index, claim = claim_gpu(settings.gpu_lock_dir or Path(settings.data_dir) / "gpu-locks",
                                  torch.cuda.device_count(), config.tensor_parallel_size)
         config = dataclasses.replace(config, device=f"cuda:{index}")  # rank r: cuda:index + r
-    engine = Engine(config)
-    for name, path in settings.worker_loras.items():  # read and checked now: a bad one stops the start
-        engine.add_lora(name, path)
+    kind = settings.model_kind
+    if kind == "embed" or (kind == "auto" and is_embedding_model(config.model)):
+        engine = EmbeddingEngine(config)
+    else:
+        engine = Engine(config)
+        for name, path in settings.worker_loras.items():  # read and checked now: a bad one stops the start
+            engine.add_lora(name, path)
     engine.device_claim = claim  # NOTE: keeps the GPUs' lock files open as long as the engine lives
     return engine

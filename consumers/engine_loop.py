@@ -90,11 +90,14 @@ class EngineLoop:
             prompt_token_ids: list[int] | None = None, params: SamplingParams | None = None,
             priority: int = 0, messages: list[dict[str, Any]] | None = None,
             arrival_time: float | None = None,
-            tools: list[dict[str, Any]] | None = None, lora: str | None = None) -> None:
+            tools: list[dict[str, Any]] | None = None, dimensions: int | None = None,
+            lora: str | None = None, tenant: str | None = None,
+            deadline: float | None = None) -> None:
         """engine.add_request(attempt, ...) on the engine's thread (AddFailed to the
         publisher if the engine refuses it)."""
         self.inbox.put(AddRequest(attempt, prompt, prompt_token_ids, params, priority,
-                                  messages, arrival_time, tools, lora))
+                                  messages, arrival_time, tools, dimensions, lora, tenant,
+                                  deadline))
 
     def abort(self, attempt: str) -> None:
         self.inbox.put(AbortRequest(attempt))
@@ -208,6 +211,12 @@ class EngineLoop:
         # NOTE: `tools` only when given: an engine (or a fake) whose template takes none
         # is never handed the keyword
         extra = {} if cmd.tools is None else {"tools": cmd.tools}
+        if cmd.tenant is not None:
+            extra["tenant"] = cmd.tenant
+        if cmd.deadline is not None:
+            extra["deadline"] = cmd.deadline
+        if cmd.dimensions is not None:  # an embedding request's (EmbeddingEngine)
+            extra["dimensions"] = cmd.dimensions
         if cmd.lora is not None:
             extra["lora"] = cmd.lora
         try:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from inflight.schemas.base import SCHEMA_VERSION
+from inflight.schemas.embeddings import encode_vector
 
 if TYPE_CHECKING:
     from inflight.engine.outputs import RequestOutput
@@ -35,7 +36,8 @@ def status_event(request_id: str, attempt: str, worker: str, at: float) -> bytes
 def final_event(request_id: str, attempt: str, out: RequestOutput, *, worker: str,
                 batch_id: str | None, submitted_at: float | None, queued_at: float,
                 logprobs: dict | None = None, prompt_logprobs: list | None = None,
-                tool_calls: list | None = None, model: str | None = None) -> bytes:
+                tool_calls: list | None = None, model: str | None = None,
+                tenant: str | None = None) -> bytes:
     """The FinalEvent of a finished engine output (`out`: engine RequestOutput); the
     logprobs, when the request asked, already in OpenAI's shapes (engine_bridge.LogprobShaper)."""
     prompt = out.num_prompt_tokens
@@ -59,31 +61,41 @@ def final_event(request_id: str, attempt: str, out: RequestOutput, *, worker: st
         event["tool_calls"] = tool_calls
     if getattr(out, "stop_reason", None) is not None:
         event["stop_reason"] = out.stop_reason
+    if tenant is not None:
+        event["tenant"] = tenant
+    vector = getattr(out, "embedding", None)  # an EmbeddingOutput's float32 vector
+    if vector is not None:
+        event["embedding"] = encode_vector(vector)
     return orjson.dumps(event)
 
 
 def abort_event(request_id: str, attempt: str, *, worker: str, batch_id: str | None,
                 submitted_at: float | None, queued_at: float, now: float,
-                model: str | None = None) -> bytes:
-    """The FinalEvent of a request cancelled before it ran."""
+                model: str | None = None, finish_reason: str = "abort",
+                tenant: str | None = None) -> bytes:
+    """The FinalEvent of a request cancelled (or expired) before it ran."""
     event = {
         "type": "final", "schema_version": SCHEMA_VERSION, "request_id": request_id,
-        "attempt": attempt, "text": "", "token_ids": [], "finish_reason": "abort",
+        "attempt": attempt, "text": "", "token_ids": [], "finish_reason": finish_reason,
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cached_prompt_tokens": 0},
         "timings": {"submitted_at": submitted_at, "queued_at": queued_at, "scheduled_at": None,
                     "first_token_at": None, "finished_at": now},
         "worker": worker, "batch_id": batch_id}
     if model is not None:
         event["model"] = model
+    if tenant is not None:
+        event["tenant"] = tenant
     return orjson.dumps(event)
 
 
 def error_event(request_id: str | None, attempt: str | None, code: str, message: str, *,
                 field: str | None, worker: str, batch_id: str | None,
-                model: str | None = None) -> bytes:
+                model: str | None = None, tenant: str | None = None) -> bytes:
     event = {"type": "error", "schema_version": SCHEMA_VERSION, "request_id": request_id,
              "attempt": attempt, "code": code, "message": message, "field": field,
              "final": True, "worker": worker, "batch_id": batch_id}
     if model is not None:
         event["model"] = model
+    if tenant is not None:
+        event["tenant"] = tenant
     return orjson.dumps(event)

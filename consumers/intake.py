@@ -49,11 +49,14 @@ from inflight.consumers.thread_messages import (Aborted, Admitted, HandBack, Par
 from inflight.consumers.watermark_commits import WatermarkCommits
 from inflight.schemas import SchemaError, Settings, decode_request
 from inflight.schemas.base import ID_RE
-from inflight.schemas.events import ERR_MODEL_NOT_FOUND
+from inflight.schemas.events import (ERR_INVALID_REQUEST, ERR_MODEL_NOT_FOUND, ERR_REPLY_TO_REFUSED,
+                                     ERR_WRONG_MODEL_KIND)
+
+from inflight.consumers.reply_to import ReplyTopics
 
 log = logging.getLogger("inflight.worker")
 
-CANCELS_EVERY_S = 0.1
+PRUNE_EVERY_S = 1.0      # forget batch cancels older than the lookback window
 POLL_WAIT_MS = 50        # with room: how long a poll may wait for records
 SETTLE_WAIT_S = 0.05     # full (or draining): how long to wait for a settled ticket
 MAX_ENDINGS_FACTOR = 2   # jobs held in all (running + awaiting acks) <= this x max_inflight
@@ -127,6 +130,7 @@ class Intake:
         self._interactive_busy = False
         self._next_cancels = 0.0
         self.commits = WatermarkCommits(self.tracker, metrics)
+        self.reply_topics = ReplyTopics(settings)
 
     # -- lifecycle ------------------------------------------------------------------------
     def serve(self, serving: Serving) -> None:
@@ -168,16 +172,18 @@ class Intake:
     def run_once(self) -> None:
         self._handle_rebalances()
         self._drain_settled()
+        # every round: the cancel reader's own thread has read them (consumers/cancel.py),
+        # so taking them costs no wait, and a batch's cancel stops its admission at once
+        for cancel, at in self.cancels.poll():
+            if cancel.lora is not None:
+                self._lora(cancel.lora)
+            elif cancel.batch_id is not None:
+                self._cancel_batch(cancel.batch_id, at)
+            else:
+                self._cancel(cancel.request_id)
         now = time.monotonic()
         if now >= self._next_cancels:
-            self._next_cancels = now + CANCELS_EVERY_S
-            for cancel, at in self.cancels.poll():
-                if cancel.lora is not None:
-                    self._lora(cancel.lora)
-                elif cancel.batch_id is not None:
-                    self._cancel_batch(cancel.batch_id, at)
-                else:
-                    self._cancel(cancel.request_id)
+            self._next_cancels = now + PRUNE_EVERY_S
             self.cancelled_batches.prune()
         room = self.room
         behind = self.publisher_behind()
@@ -255,6 +261,21 @@ class Intake:
                          self.serving.refusal(req.model, tp.topic), "model", req.batch_id,
                          model=req.model)
             return
+        if req.kind != self.serving.kind:  # an embedding request to a generation model, or the reverse
+            self._reject(tp, rec, rid, ERR_WRONG_MODEL_KIND, self.serving.kind_refusal(req.kind),
+                         "kind", req.batch_id, model=req.model, tenant=_tenant(req))
+            return
+        if req.reply_to is not None:
+            refusal = self.reply_topics.refusal(req.reply_to, self.consumer)
+            if refusal is not None:
+                self._reject(tp, rec, rid, ERR_REPLY_TO_REFUSED, refusal, "reply_to",
+                             req.batch_id, model=req.model, tenant=_tenant(req))
+                return
+        if req.tenant is None and s.require_tenant:
+            self._reject(tp, rec, rid, ERR_INVALID_REQUEST, "this deployment requires a tenant "
+                         "on every request (INFLIGHT_REQUIRE_TENANT): set `tenant`", "tenant",
+                         req.batch_id, model=req.model)
+            return
         job = self.by_id.get(rid)
         if job is not None or rid in self.recent:
             # Same id again: one run. A running (or unacknowledged) twin settles this
@@ -267,11 +288,16 @@ class Intake:
             return
         ticket = next(self._tickets)
         attempt = f"{self.attempt_prefix}.{ticket}"
-        if rid in self.cancelled or req.batch_id in self.cancelled_batches:
+        expires_at = req.expires_at
+        expired = expires_at is not None and expires_at <= now
+        if expired or rid in self.cancelled or req.batch_id in self.cancelled_batches:
+            # NOTE: a request past its deadline ends `expired` here, never reaching the engine
             self._add_job(Job(ticket, rid, None, tp, [(tp, rec.offset)], batch_id=req.batch_id))
             self._publish(Aborted(ticket=ticket, request_id=rid, attempt=attempt,
                                   batch_id=req.batch_id, submitted_at=req.submitted_at,
-                                  queued_at=now))
+                                  queued_at=now, headers=list(rec.headers or []),
+                                  tenant=_tenant(req), reply_to=req.reply_to,
+                                  finish_reason="abort" if not expired else "expired"))
             return
         params = req.params  # the engine's SamplingParams, validated when decoded
         messages, extra = chat_inputs(req, self.template_takes_tools)
@@ -285,10 +311,12 @@ class Intake:
             ticket=ticket, request_id=rid, attempt=attempt, stream=req.wants_stream,
             batch_id=req.batch_id, submitted_at=req.submitted_at, queued_at=now,
             source=_source(tp, rec.offset), raw=rec.value, headers=list(rec.headers or []),
-            key=rec.key, tools=uses_tools, model=lora.get("lora")))
+            key=rec.key, tools=uses_tools, tenant=_tenant(req), reply_to=req.reply_to,
+            model=lora.get("lora")))
         self.engine.add(attempt, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                         params=params, priority=req.priority, messages=messages,
-                        arrival_time=now, **extra, **lora)
+                        arrival_time=now, tenant=req.tenant, deadline=expires_at, **extra, **lora,
+                        **({"dimensions": req.dimensions} if req.dimensions is not None else {}))
         self.metrics.inc("admitted")
         if self.engine_metrics is not None:
             self.engine_metrics.observe_queue_time(now - req.submitted_at)
@@ -300,14 +328,14 @@ class Intake:
 
     def _reject(self, tp: TopicPartition, rec: ConsumerRecord, rid: str | None, code: str,
                 message: str, field: str | None, batch_id: str | None,
-                model: str | None = None) -> None:
+                model: str | None = None, tenant: str | None = None) -> None:
         ticket = next(self._tickets)
         self.jobs[ticket] = Job(ticket, rid, None, tp, [(tp, rec.offset)])
         self._publish(Rejected(
             ticket=ticket, request_id=rid, code=code, message=message, field=field,
             batch_id=batch_id, source=_source(tp, rec.offset),
             raw=rec.value if rec.value is not None else b"", headers=list(rec.headers or []),
-            key=rec.key, model=model))
+            key=rec.key, model=model, tenant=tenant))
 
     def _publish(self, item: PublisherCommand) -> None:
         """Hand `item` to the publisher (never waits: see the module's NOTE)."""
@@ -464,6 +492,13 @@ class _Rebalance(ConsumerRebalanceListener):
     def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("assigned %s", sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
         self.events.put(PartitionsAssigned(set(assigned)))
+
+
+def _tenant(req: object) -> str | None:
+    """The request's tenant, for its events' inflight-tenant header (None: it names none, or
+    the wire has no tenant field)."""
+    tenant = getattr(req, "tenant", None)
+    return tenant if isinstance(tenant, str) else None
 
 
 def _source(tp: TopicPartition, offset: int) -> str:

@@ -30,12 +30,13 @@ COUNTERS = ("received", "admitted", "completed", "failed", "cancelled", "dlq", "
             "records_skipped")
 # the worker's delivery path
 COUNTERS += ("token_events", "send_retries", "send_errors", "handed_back", "rebalances",
-             "rejoins")
+             "rejoins", "expired")
 GAUGES = ("in_flight", "paused_partitions", "commit_lag", "publisher_behind")
 DOC = {
     "received": "messages polled from Kafka", "admitted": "requests handed to the engine",
     "completed": "requests that ended with a result", "failed": "requests that ended with an error",
-    "cancelled": "requests cancelled or aborted", "dlq": "raw messages sent to the dead-letter topic",
+    "cancelled": "requests cancelled or aborted",
+    "expired": "requests ended at their deadline (InferenceRequest.timeout / deadline)", "dlq": "raw messages sent to the dead-letter topic",
     "duplicates": "messages whose request id was in flight or recently finished",
     "tokens_out": "output tokens published", "commits": "offset commits",
     "rows_written": "rows upserted into the store", "db_retries": "database writes retried",
@@ -58,7 +59,9 @@ DOC = {
 
 class Metrics:
     def __init__(self, component: str, interval_s: float = 10.0,
-                 labels: dict[str, str] | None = None):
+                 labels: dict[str, str] | None = None, tenant_label: bool = False):
+        """`tenant_label`: the per-tenant token counters carry a `tenant` label
+        (INFLIGHT_TENANT_METRICS; one series per tenant), else one series for all."""
         self.component = component
         self.labels = dict(labels or {})
         self.values: dict[str, float] = dict.fromkeys(COUNTERS + GAUGES, 0)
@@ -77,6 +80,25 @@ class Metrics:
         self._last_summary = time.monotonic()
         self._server = None
         self._lock = threading.Lock()
+        self.tenant_label = tenant_label
+        tenant_names = names + ["tenant"] if tenant_label else names
+        self._tenant_tokens = tuple(
+            Counter(f"inflight_tenant_{kind}_tokens", f"{kind} tokens of finished requests "
+                    "(by tenant with INFLIGHT_TENANT_METRICS)", tenant_names,
+                    registry=self.registry) for kind in ("prompt", "output"))
+        self._tenant_children: dict[str | None, tuple[Any, Any]] = {}
+
+    def tenant_tokens(self, tenant: str | None, prompt: int, output: int) -> None:
+        """Count a finished request's tokens for its tenant (usage)."""
+        pair = self._tenant_children.get(tenant if self.tenant_label else None)
+        if pair is None:
+            labels = dict(self.labels)
+            if self.tenant_label:
+                labels["tenant"] = tenant or ""
+            pair = tuple(c.labels(**labels) if labels else c for c in self._tenant_tokens)
+            self._tenant_children[tenant if self.tenant_label else None] = pair
+        pair[0].inc(prompt)
+        pair[1].inc(output)
 
     def inc(self, name: str, n: float = 1) -> None:
         # NOTE: the worker's intake, engine and publisher threads all count; `+=` on a dict

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from inflight.consumers import event_bytes
+from inflight.consumers import event_bytes, request_spans
 from inflight.consumers.dlq import dlq_headers, dlq_value
 from inflight.consumers.engine_bridge import LogprobShaper
 from inflight.consumers.engine_metrics import EngineMetrics
@@ -50,8 +50,10 @@ from inflight.consumers.thread_messages import (Aborted, AddFailed, Admitted, Ha
                                                 StepOutputs, StopPublishing, TicketState)
 from inflight.consumers.tracked_sends import DLQ, FINAL, Ending, Message, TrackedSends
 from inflight.schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, Settings
+from inflight.schemas.headers import event_headers
 from inflight.schemas.tools import parse_tool_calls
 from inflight.transport.partitioner import key_hash, partition_of
+from inflight.transport import tracing
 from inflight.transport.results_producer import ResultsProducer
 
 if TYPE_CHECKING:
@@ -76,6 +78,8 @@ class _Stream:
     live: bool                     # deltas wanted: the request streams, not handed back
     raw: bytes | None              # the DLQ copy should the engine refuse the input (None
                                    # from its first token on: the engine took it)
+    headers: list[tuple[str, bytes]]  # of each of its events (schemas.headers.event_headers)
+    reply_to: str | None = None    # a topic that gets its final (and deltas) too
     index: int = 0                 # token events sent
     start: int = 0                 # tokens sent in them
     ids: list[int] = field(default_factory=list)
@@ -113,6 +117,8 @@ class EventPublisher:
         self.streams: dict[str, _Stream] = {}        # by attempt
         self.tracked = TrackedSends(settled, worker=worker, metrics=metrics,
                                     max_bytes=settings.kafka_max_message_bytes)
+        # OpenTelemetry (transport/tracing.py): None while off, so nothing is traced
+        self.tracer = tracing.tracer(settings, "inflight.worker")
         self._dirty: list[_Stream] = []
         self._token_events = 0
         self._num_partitions: dict[str, int] = {}
@@ -241,11 +247,12 @@ class EventPublisher:
         key = job.request_id.encode()
         # NOTE: the raw request is kept on the stream alone, so that it is freed at the
         # first token (the engine took the input: no DLQ copy can be needed any more)
-        st = self.streams[job.attempt] = _Stream(replace(job, raw=None), key, key_hash(key),
-                                                 job.stream, job.raw)
+        st = self.streams[job.attempt] = _Stream(
+            replace(job, raw=None), key, key_hash(key), job.stream, job.raw,
+            event_headers(job.headers, job.request_id, job.tenant), job.reply_to)
         self._send_untracked(self.topic_results, key, event_bytes.status_event(
             job.request_id, job.attempt, self.worker, job.queued_at),
-            self._partition(self.topic_results, st.hash))
+            self._partition(self.topic_results, st.hash), st.headers)
 
     def _outputs(self, outputs: list[RequestOutput], now: float) -> None:
         """One engine step's outputs (`now`: when the step returned): token deltas, endings,
@@ -311,7 +318,10 @@ class EventPublisher:
         st.start += len(st.ids)
         st.ids, st.texts, st.dirty = [], [], False
         self._send_untracked(self.topic_tokens, st.key, value,
-                             self._partition(self.topic_tokens, st.hash))
+                             self._partition(self.topic_tokens, st.hash), st.headers)
+        if st.reply_to is not None:
+            self._send_untracked(st.reply_to, st.key, value,
+                                 self._partition(st.reply_to, st.hash), st.headers)
         self._token_events += 1  # added in tick(): a Metrics.inc per delta costs more
 
     def _flush_all(self) -> None:
@@ -338,10 +348,12 @@ class EventPublisher:
         return partition_of(h, n)
 
     def _send_untracked(self, topic: str, key: bytes, value: bytes,
-                        partition: int | None = None) -> None:
+                        partition: int | None = None,
+                        headers: list[tuple[str, bytes]] | None = None) -> None:
         try:
             # librdkafka: no Python call at all for a successful untracked send
-            self.producer.send_untracked(topic, key, value, partition, self._untracked_failed)
+            self.producer.send_untracked(topic, key, value, partition, self._untracked_failed,
+                                         headers)
         except Exception as exc:  # noqa: BLE001 - KafkaTimeoutError & co: never fatal here
             self._untracked_failed(exc)
 
@@ -372,14 +384,20 @@ class EventPublisher:
                                             batch_id=job.batch_id, submitted_at=job.submitted_at,
                                             queued_at=job.queued_at, logprobs=lps,
                                             prompt_logprobs=prompt_lps,
-                                            tool_calls=calls or None, model=job.model or self.model)
+                                            tool_calls=calls or None, model=job.model or self.model,
+                                            tenant=job.tenant)
         except (orjson.JSONEncodeError, TypeError) as exc:
             self._engine_error(st, ERR_INTERNAL, f"the final event could not be encoded: {exc}")
             return
-        self.metrics.inc("cancelled" if out.finish_reason == "abort" else "completed")
+        self.metrics.inc({"abort": "cancelled", "expired": "expired"}.get(out.finish_reason,
+                                                                          "completed"))
+        self.metrics.tenant_tokens(job.tenant, out.num_prompt_tokens, len(out.token_ids))
+        spans = None if self.tracer is None else request_spans.finished(
+            self.tracer, st.headers, job, out, worker=self.worker, model=self.model,
+            topic=self.topic_results)
         self.tracked.track(Ending(job.ticket, job.request_id, job.attempt, job.batch_id,
-                                  [Message(self.topic_results, st.key, value, None, FINAL,
-                                           self._partition(self.topic_results, st.hash))]))
+                                  self._finals(st.key, value, st.headers, st.hash,
+                                               st.reply_to), spans))
 
     def _engine_error(self, st: _Stream, code: str, message: str) -> None:
         """The engine failed the request: input problems go to the DLQ, its own do not."""
@@ -388,15 +406,19 @@ class EventPublisher:
         self._reject(Rejected(ticket=job.ticket, request_id=job.request_id, code=code,
                               message=message, field=None, batch_id=job.batch_id,
                               source=job.source, raw=raw, headers=job.headers, key=job.key,
-                              attempt=job.attempt, model=job.model or self.model))
+                              attempt=job.attempt, model=job.model or self.model,
+                              tenant=job.tenant, reply_to=st.reply_to))
 
     def _reject(self, r: Rejected) -> None:
         key = r.request_id.encode() if r.request_id is not None else None
         value = event_bytes.error_event(r.request_id, r.attempt, r.code, r.message,
                                         field=r.field, worker=self.worker, batch_id=r.batch_id,
-                                        model=r.model)
-        part = None if key is None else self._partition(self.topic_results, key_hash(key))
-        messages = [Message(self.topic_results, key, value, None, FINAL, part)]
+                                        model=r.model, tenant=r.tenant)
+        headers = event_headers(r.headers, r.request_id, r.tenant)
+        if key is None:
+            messages = [Message(self.topic_results, key, value, headers, FINAL, None)]
+        else:
+            messages = self._finals(key, value, headers, key_hash(key), r.reply_to)
         if r.raw is not None:
             headers = dlq_headers(r.headers, r.code, r.message, r.source)
             body, headers = dlq_value(r.raw, headers, self.max_bytes)
@@ -404,15 +426,37 @@ class EventPublisher:
             self.metrics.inc("dlq")
         self.metrics.inc("failed")
         log.info("rejected %s (%s): %s", r.request_id or "<no id>", r.code, r.message[:500])
-        self.tracked.track(Ending(r.ticket, r.request_id, r.attempt, r.batch_id, messages))
+        spans = None if self.tracer is None or r.request_id is None else (
+            request_spans.ended_without_running(
+                self.tracer, r.headers, r.request_id, r.attempt, code=r.code, message=r.message,
+                worker=self.worker, topic=self.topic_results))
+        self.tracked.track(Ending(r.ticket, r.request_id, r.attempt, r.batch_id, messages, spans))
 
     def _aborted(self, a: Aborted) -> None:
         key = a.request_id.encode()
         value = event_bytes.abort_event(a.request_id, a.attempt, worker=self.worker,
                                         batch_id=a.batch_id, submitted_at=a.submitted_at,
                                         queued_at=a.queued_at, now=time.time(),
-                                        model=self.model)
-        self.metrics.inc("cancelled")
+                                        model=self.model, finish_reason=a.finish_reason,
+                                        tenant=a.tenant)
+        self.metrics.inc("cancelled" if a.finish_reason == "abort" else a.finish_reason)
+        spans = None if self.tracer is None else request_spans.ended_without_running(
+            self.tracer, a.headers, a.request_id, a.attempt,
+            code="cancelled" if a.finish_reason == "abort" else a.finish_reason,
+            message="cancelled before it ran" if a.finish_reason == "abort"
+            else "its deadline passed before it ran", worker=self.worker, topic=self.topic_results)
         self.tracked.track(Ending(a.ticket, a.request_id, a.attempt, a.batch_id,
-                                  [Message(self.topic_results, key, value, None, FINAL,
-                                           self._partition(self.topic_results, key_hash(key)))]))
+                                  self._finals(key, value,
+                                               event_headers(a.headers, a.request_id, a.tenant),
+                                               key_hash(key), a.reply_to), spans))
+
+    def _finals(self, key: bytes, value: bytes, headers: list[tuple[str, bytes]], h: int,
+                reply_to: str | None) -> list[Message]:
+        """The tracked copies of one final event: on the results topic, and on the request's
+        reply_to topic (one ending: the ticket settles when Kafka acknowledged both)."""
+        out = [Message(self.topic_results, key, value, headers, FINAL,
+                       self._partition(self.topic_results, h))]
+        if reply_to is not None:
+            out.append(Message(reply_to, key, value, headers, FINAL,
+                               self._partition(reply_to, h)))
+        return out

@@ -30,7 +30,10 @@ from inflight.consumers.recorder_source import recorder_source
 from inflight.schemas import (ErrorEvent, FinalEvent, SchemaError, Settings, StatusEvent,
                      decode_request, decode_result)
 from inflight.schemas.errors import StoreError
-from inflight.store import Store, error_row, final_row, queued_row, running_row, stand_in_rows
+from inflight.schemas.headers import trace_id
+from inflight.transport import tracing
+from inflight.store import (FINAL_STATUSES, Store, error_row, final_row, queued_row, running_row,
+                            stand_in_rows)
 from inflight.store.queries import is_transient
 from inflight.store.rows import clean_row
 
@@ -63,6 +66,7 @@ class Recorder:
         self.lag: LagProbe | None = None
         self.consumer = None
         self._stopping = False
+        self.tracer = tracing.tracer(settings, "inflight.recorder")  # None: tracing is off
 
     def stop(self, *_: Any) -> None:
         self._stopping = True
@@ -102,11 +106,18 @@ class Recorder:
         rows: list[dict[str, Any]] = []
         offsets = {}
         n = 0
+        traced: list[tuple[dict[str, Any], list]] = []  # tracing on: final rows, headers
         for tp, records in batch.items():
-            for offset, value in records:
+            for offset, value, headers in records:
                 n += 1
                 try:
                     row = self._row(tp.topic, value)
+                    if row is not None and headers:
+                        tid = trace_id(headers)
+                        if tid is not None:
+                            row["trace_id"] = tid
+                            if self.tracer is not None and row["status"] in FINAL_STATUSES:
+                                traced.append((row, headers))
                 except Exception as exc:  # noqa: BLE001 — one record never stops the others
                     # NOTE: a message that passed validation but still cannot become a row
                     # must not crash the recorder at every restart (a poison pill)
@@ -118,8 +129,11 @@ class Recorder:
                     rows.append(row)
             offsets[tp] = records[-1][0] + 1
         self.metrics.inc("received", n)
+        started = time.time()
         if rows and not self._write(rows):
             return n  # stopping during an outage: commit nothing
+        if traced:
+            self._spans(traced, started, time.time())
         self._commit(offsets)
         self.metrics.maybe_log()
         return n
@@ -147,6 +161,17 @@ class Recorder:
             self.metrics.inc("failed")
             return error_row(event)
         return None
+
+    def _spans(self, traced: list[tuple[dict[str, Any], list]], start: float, end: float) -> None:
+        """An `inflight.record` span per final row written, in its request's trace."""
+        for row, headers in traced:
+            span = self.tracer.start_span(
+                "inflight.record", context=tracing.context_from(headers),
+                start_time=tracing.ns(start),
+                attributes={"inflight.request_id": row["id"], "inflight.status": row["status"],
+                            "db.system": self.store.dialect, "db.operation.name": "upsert",
+                            "inflight.batch_rows": len(traced)})
+            span.end(end_time=tracing.ns(end))
 
     def _write(self, rows: list[dict[str, Any]]) -> bool:
         """Upsert until it works (True), or until asked to stop (False).

@@ -2,14 +2,15 @@
 records by partition and commits given offsets, on librdkafka (confluent-kafka) or
 kafka-python, as INFLIGHT_KAFKA_RECORDER_CONSUMER says.
 
-    poll(timeout_s, max_records) ─► {TopicPartition: [(offset, value), ...]}
+    poll(timeout_s, max_records) ─► {TopicPartition: [(offset, value, headers), ...]}
     commit({TopicPartition: next offset})     (synchronous; KafkaError when refused)
     assignment() ─► {TopicPartition}           close()
 
 NOTE (why librdkafka): kafka-python fetched and parsed records in Python (the largest part
 of the recorder's CPU) and fetched only when asked, so every batch waited for a round
-trip; librdkafka prefetches and parses in C threads. The recorder reads no headers, so the
-records kafka-python could not parse (transport.kafka_records) are nothing special here.
+trip; librdkafka prefetches and parses in C threads. The recorder reads one header, the
+traceparent (its trace id goes with the row), and never needs it: records kafka-python
+could not parse (transport.kafka_records) are nothing special here.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class RdSource:
             recs = out.get(tp)
             if recs is None:
                 recs = out[tp] = []
-            recs.append((m.offset(), m.value()))
+            recs.append((m.offset(), m.value(), _headers(m)))
         return out
 
     def assignment(self) -> set[TopicPartition]:
@@ -89,6 +90,20 @@ class RdSource:
         self._c.close()  # leaves the group; commits nothing (auto commit is off)
 
 
+def _headers(m: Any) -> list | None:
+    """A message's headers, or None when confluent-kafka cannot give them.
+
+    NOTE: a header key that is not UTF-8 makes Message.headers() leave a UnicodeDecodeError
+    set while returning, which surfaced as a SystemError at the next checked call of a
+    built-in (and stopped the loop). One such call inside the same try raises it here."""
+    try:
+        hs = m.headers()
+        tuple.__new__(tuple, ())  # a checked built-in call: raises a pending error now
+        return hs
+    except (UnicodeDecodeError, SystemError):
+        return None
+
+
 class KafkaPythonSource:
     def __init__(self, settings: Settings, group: str, topics: list[str], max_records: int):
         self._c = group_consumer(settings, group, max_poll_records=max_records)
@@ -96,7 +111,7 @@ class KafkaPythonSource:
 
     def poll(self, timeout_s: float, max_records: int) -> Records:
         batch = self._c.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
-        return {tp: [(r.offset, r.value) for r in recs] for tp, recs in batch.items()}
+        return {tp: [(r.offset, r.value, r.headers) for r in recs] for tp, recs in batch.items()}
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._c.assignment())

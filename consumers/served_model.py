@@ -70,6 +70,7 @@ class Serving:
     max_model_len: int | None = None
     dtype: str | None = None
     quantization: str | None = None
+    kind: str = "generate"  # "embed": an embedding model (engine.kind)
     adapters: set[str] = dataclasses.field(default_factory=set)
 
     @classmethod
@@ -83,6 +84,7 @@ class Serving:
         return cls(model, worker_topics(settings, model),
                    max_model_len=length if isinstance(length, int) else None,
                    dtype=getattr(config, "dtype", None), quantization=_quantization(engine),
+                   kind="embed" if getattr(engine, "kind", None) == "embed" else "generate",
                    adapters={a["name"] for a in loras()} if loras is not None else set())
 
     @property
@@ -115,9 +117,17 @@ class Serving:
                 "(producers route by `model`: Client.submit(model=...), the HTTP API); "
                 "`inflight models` lists the models served")
 
+    def kind_refusal(self, kind: str) -> str:
+        """The error message of a request of the other kind than this worker serves."""
+        if self.kind == "embed":
+            return (f"model {self.model!r} is an embedding model: it embeds (kind 'embed', "
+                    "POST /v1/embeddings, Client.embed) and cannot generate text")
+        return (f"model {self.model!r} is a generation model: it cannot embed; send the "
+                "embedding request to an embedding model (`inflight models` lists the kind of each)")
+
     def record(self, worker: str, settings: Settings, started_at: float) -> ModelRecord:
         """The registry record of this worker (heartbeat_at set at each beat)."""
-        return ModelRecord(model=self.model, adapters=sorted(self.adapters),
+        return ModelRecord(model=self.model, kind=self.kind, adapters=sorted(self.adapters),
                            max_model_len=self.max_model_len, dtype=self.dtype,
                            quantization=self.quantization, worker=worker,
                            requests_topic=self.topics.requests, batch_topic=self.topics.batch,

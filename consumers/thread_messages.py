@@ -53,6 +53,8 @@ class Admitted:
     headers: Headers = field(default_factory=list)  # engine refuse its input
     key: bytes | None = None
     tools: bool = False                      # read tool calls out of the answer
+    tenant: str | None = None                # the request's tenant (its events' header)
+    reply_to: str | None = None              # a topic that gets its final (and deltas) too
     model: str | None = None                 # a LoRA adapter's name: its events carry it
 
 
@@ -72,11 +74,14 @@ class Rejected:
     key: bytes | None = None
     attempt: str | None = None
     model: str | None = None                 # the model the request named (model_not_found)
+    tenant: str | None = None
+    reply_to: str | None = None              # an allowed reply topic: the error goes there too
 
 
 @dataclass(frozen=True, slots=True)
 class Aborted:
-    """A request cancelled before it was admitted: an `abort` final without running it."""
+    """A request cancelled before it was admitted: an `abort` final without running it
+    (finish_reason "expired": its deadline passed before it was read)."""
 
     ticket: int
     request_id: str
@@ -84,6 +89,10 @@ class Aborted:
     batch_id: str | None
     submitted_at: float | None
     queued_at: float
+    headers: Headers = field(default_factory=list)
+    tenant: str | None = None
+    reply_to: str | None = None
+    finish_reason: str = "abort"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +159,10 @@ class AddRequest:
     messages: list[dict[str, Any]] | None = None
     arrival_time: float | None = None
     tools: list[dict[str, Any]] | None = None
+    dimensions: int | None = None  # an embedding request's cut (EmbeddingEngine)
     lora: str | None = None                  # the LoRA adapter the request names (engine/lora)
+    tenant: str | None = None                # (absent unless set, as tools)
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,7 @@ class Ending:
     attempt: str | None
     batch_id: str | None
     messages: list[Message]
+    span: Any = None               # tracing on: the request's open spans, ended at the ack
 
     @property
     def remaining(self) -> int:
@@ -161,6 +162,8 @@ class TrackedSends:
         if ending.remaining == 0:
             del self.pending[ending.ticket]
             self.settled.put(Settled(ending.ticket, TicketState.ACKED))
+            if ending.span is not None:
+                ending.span.end()
 
     def _failed(self, ticket: int, i: int, exc: BaseException) -> None:
         ending = self.pending[ticket]

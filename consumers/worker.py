@@ -106,7 +106,8 @@ class Worker:
         self.serving = Serving.of(settings, engine)
         model = self.serving.model
         self.metrics = metrics or Metrics("worker", settings.metrics_interval_s,
-                                          labels={"model_name": model})
+                                          labels={"model_name": model},
+                                          tenant_label=settings.tenant_metrics)
         described = self.described = engine if isinstance(engine, DescribedEngine) else None
         self.engine_metrics = EngineMetrics(self.metrics.registry, model)
         settled: queue.SimpleQueue[Settled] = queue.SimpleQueue()
@@ -118,7 +119,11 @@ class Worker:
         self.engine_loop = EngineLoop(engine, self.publisher.queue, self.publisher.steps,
                                       on_stats=self.engine_metrics.observe_stats)
         self.intake = Intake(settings, self.engine_loop, self.publisher.queue, settled,
-                             attempt_prefix=self.generation, max_inflight=self.max_inflight,
+                             attempt_prefix=self.generation,
+                             # NOTE: read ahead of the engine's running set, so its scheduler
+                             # sees every tenant's waiting work (fair share, deadlines), not
+                             # only the head of the partitions (INFLIGHT_WORKER_READ_AHEAD)
+                             max_inflight=self.max_inflight + settings.worker_read_ahead,
                              metrics=self.metrics, serving=self.serving,
                              engine_metrics=self.engine_metrics,
                              publisher_behind=lambda: self.publisher.behind,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.engine.errors import ConfigError
+from inflight.engine.fair_share import parse_weights
 from inflight.engine.spec.config import SpeculativeConfig
 from inflight.kernels.kv_quant import KV_CACHE_DTYPES
 
@@ -85,8 +86,11 @@ class EngineConfig:
     max_loras: int = 0
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    fair_share: bool = True
+    tenant_weights: tuple | dict | str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tenant_weights", parse_weights(self.tenant_weights))
         if self.speculative_config is not None:
             object.__setattr__(self, "speculative_config",
                                SpeculativeConfig.from_value(self.speculative_config))

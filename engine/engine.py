@@ -29,6 +29,7 @@ largest batch (engine/startup.py) and the figures are logged.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 import logging
 import pathlib
@@ -94,7 +95,11 @@ class Engine:
         self.kv = KVCacheManager(self.num_kv_blocks, config.block_size, config.enable_prefix_caching, root)
         self.lora = self._build_lora() if config.max_loras else None
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_preemptions, lora=self.lora)
+                                   config.max_preemptions, lora=self.lora,
+                                   fair_share=config.fair_share,
+                                   tenant_weights=config.tenant_weights)
+        # (deadline, arrival index, request) of the requests that have one (a heap)
+        self._deadlines: list[tuple[float, int, Request]] = []
         self.overlap = config.resolve_overlap_outputs()
         self._inflight: StepHandle | None = None  # launched, outputs not processed (overlap)
         self.requests: dict[str, Request] = {}
@@ -156,13 +161,17 @@ class Engine:
                     params: SamplingParams | None = None, priority: int = 0, *,
                     messages: Sequence[dict] | None = None, arrival_time: float | None = None,
                     extra_keys: tuple = (), tools: Sequence[dict] | None = None,
-                    lora: str | None = None) -> None:
+                    lora: str | None = None, tenant: str | None = None,
+                    deadline: float | None = None) -> None:
         """Queue a request (text `prompt`, `prompt_token_ids`, or chat `messages`). Lower
         `priority` values are served first. Problems with the request itself surface as a
         final output with finish_reason "error" at the next step. `tools`: OpenAI function
         definitions for a chat template that renders them (`tokenizer.takes_tools`).
         `lora`: the name of a registered LoRA adapter to run with (`add_lora`); unknown:
-        an error final `model_not_found`."""
+        an error final `model_not_found`. `tenant`: who it is for (fair share,
+        EngineConfig.fair_share). `deadline` (epoch seconds): not started by then, it ends
+        with finish_reason "expired" without running; running then, it stops and ends
+        "expired" with the tokens it produced."""
         if request_id in self.requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already active in this "
                                         "engine; wait for its final output or abort it first")
@@ -190,7 +199,8 @@ class Engine:
                 extra_keys = (("lora", lora, self.lora.digests[lora]),) + extra_keys
         req = Request(request_id, list(prompt_token_ids), params, priority,
                       arrival_time=arrival_time or time.time(), arrival_index=next(self._arrivals),
-                      extra_keys=extra_keys, lora=lora if error is None else None)
+                      extra_keys=extra_keys, lora=lora if error is None else None,
+                      tenant=tenant, deadline=deadline)
         req.max_num_tokens = min(req.num_prompt_tokens + params.max_tokens, self.max_model_len)
         error = error or self._validate(req)
         if error is not None:
@@ -201,7 +211,12 @@ class Engine:
             req.generator = torch.Generator(device=self.model.device)
             req.generator.manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
+        if deadline is not None and deadline <= time.time():
+            self._pending.append(self._finish_output(req, "expired", None))
+            return
         self.requests[request_id] = req
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, req.arrival_index, req))
         if params.structured_outputs is not None:
             self.grammars.submit(req)  # queued once compiled (_admit_compiled)
         else:
@@ -258,8 +273,20 @@ class Engine:
         with self.scope:
             return self._step()
 
+    def _expire(self, outputs: list[RequestOutput]) -> None:
+        """End the requests whose deadline has passed (before anything is scheduled: one
+        not started never runs)."""
+        now = time.time()
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            req = heapq.heappop(heap)[2]
+            if not req.is_finished and self.requests.get(req.request_id) is req:
+                outputs.append(self._finish(req, "expired", None))
+
     def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        if self._deadlines:
+            self._expire(outputs)
         if self.grammars.waiting:
             self._admit_compiled(outputs)
             if self.grammars.waiting and not outputs and not self.scheduler.has_unfinished() \

@@ -14,7 +14,7 @@ class RequestOutput:
 
     `new_token_ids`/`text_delta` are what this step added. On the final output (`finished`
     True) `token_ids`/`text` are the whole output and `finish_reason` is one of
-    stop | length | abort | error (`error` carries the message and `error_code` says whose
+    stop | length | abort | error | expired (`error` carries the message and `error_code` says whose
     fault it was: ERR_INVALID_REQUEST / ERR_PROMPT_TOO_LONG for the request itself,
     ERR_ENGINE for the engine's own trouble). Times are `time.time()`.
 

@@ -14,7 +14,10 @@ from inflight.engine.logprobs import TokenLogprob
 from inflight.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the grammar engine loads with the first constrained request only
+    from inflight.engine.fair_share import TenantShare
     from inflight.engine.grammar import GrammarMatcher
+
+_NO_DEADLINE = float("inf")
 
 
 class RequestStatus(enum.Enum):
@@ -24,7 +27,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-FINISH_REASONS = ("stop", "length", "abort", "error")
+FINISH_REASONS = ("stop", "length", "abort", "error", "expired")
 
 
 @dataclass(eq=False)
@@ -48,6 +51,8 @@ class Request:
     arrival_index: int = 0
     extra_keys: tuple = ()  # anything besides tokens that changes the KV (adapter ids)
     lora: str | None = None  # the LoRA adapter it runs with (engine/lora), None: the base model
+    tenant: str | None = None  # who it is for (fair share between tenants)
+    deadline: float | None = None  # epoch seconds: expired (not started: never run) after it
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -80,6 +85,8 @@ class Request:
     grammar: GrammarMatcher | None = None
     # the slot of its adapter while it runs (engine/lora/manager.py), else -1
     lora_slot: int = -1
+    # its tenant's counter (engine/fair_share.py; set when the scheduler queues it)
+    share: TenantShare | None = None
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
@@ -123,3 +130,13 @@ class Request:
     def sort_key(self) -> tuple[int, int]:
         """Lower priority value first, then earlier arrival (vLLM convention)."""
         return (self.priority, self.arrival_index)
+
+    @property
+    def queue_key(self) -> tuple[float, int]:
+        """Order within its (class, tenant) queue: earlier deadline, then earlier arrival."""
+        return (_NO_DEADLINE if self.deadline is None else self.deadline, self.arrival_index)
+
+    @property
+    def started(self) -> bool:
+        """Admitted to a step at least once (its cached prefix is known from then on)."""
+        return self.num_cached_tokens >= 0

@@ -40,7 +40,7 @@ class EngineStats:
         queried, hits = kv.num_queried_tokens, kv.num_hit_tokens
         return {
             "running": len(sched.running),
-            "waiting": len(sched.waiting),
+            "waiting": sched.num_waiting,
             "preemptions": sched.num_preemptions,
             "kv_blocks_total": kv.num_blocks,
             "kv_blocks_used": used,

@@ -24,6 +24,7 @@ from inflight.schemas.anthropic_batch import MESSAGES_URL
 from inflight.schemas.errors import NotFoundError, Retry
 from inflight.store import CANCELLED, CANCELLING, FAILED, IN_PROGRESS, QUEUED, VALIDATING, BatchRow
 from inflight.store.models import utcnow
+from inflight.store.limits import owner_queued_token_limit, owner_queued_tokens
 
 from inflight.producers.batch_context import JobContext, dispatch_marker, end_requests, expired
 from inflight.producers.batch_lines import LineChecker, LineError, LineModel, model_lookup
@@ -79,7 +80,8 @@ def _checker(ctx: JobContext, b: BatchRow) -> LineChecker:
                        max_line_bytes=s.kafka_max_message_bytes,
                        models=model_lookup(ctx.models) if ctx.models is not None else None,
                        one_model=s.batch_one_model_per_file,
-                       default_topic=s.topic_requests_batch)
+                       default_topic=s.topic_requests_batch, tenant=b.owner,
+                       deadline=b.expires_at.timestamp() if b.expires_at is not None else None)
 
 
 def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes],
@@ -89,7 +91,7 @@ def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes],
     checker = _checker(ctx, b)
     index: dict[LineModel, int] = {}
     errors: list[dict[str, Any]] = []
-    n_bad = n_ok = n_lines = 0
+    n_bad = n_ok = n_lines = n_tokens = 0
     t0 = time.monotonic()
     for no, raw in store.iter_file_lines(b.input_file_id):  # type: ignore[arg-type]
         n_lines = no
@@ -112,6 +114,7 @@ def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes],
                         routes.append(route)
                     spool.write(_REC.pack(len(rid), len(cid_b), size, at) + rid + cid_b + value)
                 n_ok += 1
+                n_tokens += req.token_estimate
             except SchemaError as e:
                 n_bad += 1
                 if len(errors) < MAX_RECORDED_ERRORS:
@@ -134,6 +137,10 @@ def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes],
     if not n_ok and not n_bad:
         errors.append({"code": "empty_file", "message": "the input file has no requests; "
                        "give one JSON line per request", "param": None, "line": None})
+    if not errors:
+        over = _over_queued_token_limit(store, b, n_tokens)
+        if over is not None:
+            errors.append(over)
     if errors:
         results: dict[str, Any] = {}
         if b.endpoint == MESSAGES_URL:  # Anthropic's batches report bad requests per request
@@ -148,10 +155,28 @@ def _validate(ctx: JobContext, b: BatchRow, owner: str, spool: IO[bytes],
                  n_lines, time.monotonic() - t0)
         return FAILED
     if not store.transition_batch(b.id, IN_PROGRESS, lease_owner=owner, request_total=n_ok,
-                                  lines_validated=n_lines):
+                                  lines_validated=n_lines, queued_tokens=n_tokens):
         return "stopped"
     log.info("batch %s validated: %d requests in %.1fs", b.id, n_ok, time.monotonic() - t0)
     return IN_PROGRESS
+
+
+def _over_queued_token_limit(store: Any, b: BatchRow, tokens: int) -> dict[str, Any] | None:
+    """The batch error when `tokens` more would take its owner past its queued-token limit
+    (the smallest max_queued_tokens of the owner's live keys; OpenAI's enqueued-token
+    limit), else None. Counted over the owner's batches that are not final."""
+    limit = owner_queued_token_limit(store, b.owner)
+    if limit is None:
+        return None
+    queued = owner_queued_tokens(store, b.owner, exclude=b.id)
+    if queued + tokens <= limit:
+        return None
+    return {"code": "token_limit_exceeded", "param": None, "line": None,
+            "message": f"Enqueued token limit reached for owner {b.owner}: this batch needs "
+                       f"{tokens:,} tokens (prompts + max_tokens), the owner's batches not yet "
+                       f"done hold {queued:,}, and the limit is {limit:,} "
+                       "(max_queued_tokens of its API keys). Submit a smaller batch or wait "
+                       "until the current batches complete."}
 
 
 def _spooled(spool: IO[bytes], size: int, routes: list[LineModel]) -> Iterator[Chunk]:
@@ -217,8 +242,8 @@ def _enqueue(ctx: JobContext, b: BatchRow, owner: str, chunks: Iterator[Chunk]) 
     def insert(chunk: Chunk) -> None:
         now = utcnow()
         store.insert_requests([{"id": rid, "batch_id": b.id, "custom_id": cid,
-                                "owner": b.owner, "status": QUEUED, "priority": PRIORITY_BATCH,
-                                "model": route.name, "created_at": now}
+                                "owner": b.owner, "tenant": b.owner, "status": QUEUED,
+                                "priority": PRIORITY_BATCH, "model": route.name, "created_at": now}
                                for rid, cid, _, route in chunk])
 
     def publish(chunk: Chunk) -> int:

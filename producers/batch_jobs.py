@@ -75,10 +75,32 @@ def new_batch_id() -> str:
     return "batch_" + uuid.uuid4().hex
 
 
+MAX_EXPIRY_S = 30 * 86_400   # OpenAI's bound: 30 days
+
+
+def expiry_seconds(value: Any, field: str) -> int | None:
+    """`{"anchor": "created_at", "seconds": N}` (an SDK's expires_after) -> N, or None."""
+    if value is None:
+        return None
+    if hasattr(value, "model_dump"):
+        value = value.model_dump()
+    seconds = value.get("seconds") if isinstance(value, dict) else None
+    if (not isinstance(value, dict) or value.get("anchor") != "created_at"
+            or isinstance(seconds, bool) or not isinstance(seconds, int)
+            or not 1 <= seconds <= MAX_EXPIRY_S):
+        raise SchemaError(f"{field}: give {{\"anchor\": \"created_at\", \"seconds\": N}} with "
+                          f"1 <= N <= {MAX_EXPIRY_S}", field=field)
+    return seconds
+
+
 def create_batch(store: Store, *, input_file_id: str, endpoint: str,
                  completion_window: str = "24h", metadata: dict[str, Any] | None = None,
-                 owner: str | None = None, batch_id: str | None = None) -> BatchRow:
-    """A `validating` batch over an uploaded file (the caller then sends the enqueue task)."""
+                 owner: str | None = None, batch_id: str | None = None,
+                 output_expires_after: dict[str, Any] | None = None) -> BatchRow:
+    """A `validating` batch over an uploaded file (the caller then sends the enqueue task).
+    `output_expires_after`: `{"anchor": "created_at", "seconds": N}` (OpenAI's): its output
+    and error files expire N seconds after the batch was created."""
+    expires_s = expiry_seconds(output_expires_after, "output_expires_after")
     if endpoint not in ENDPOINTS:
         raise SchemaError(f"endpoint {endpoint!r}: use one of {', '.join(ENDPOINTS)}",
                           field="endpoint")
@@ -98,7 +120,8 @@ def create_batch(store: Store, *, input_file_id: str, endpoint: str,
                           field="batch_id")
     row = store.create_batch(bid, endpoint=endpoint, input_file_id=input_file_id,
                              completion_window=completion_window,
-                             expires_at=utcnow() + window, metadata=metadata, owner=owner)
+                             expires_at=utcnow() + window, metadata=metadata, owner=owner,
+                             output_expires_after=expires_s)
     log.info("batch %s created: file %s (%d lines), endpoint %s, window %s", bid,
              input_file_id, f.line_count, endpoint, completion_window)
     return row
@@ -128,6 +151,18 @@ def cancel_batch(store: Store, publisher: RequestPublisher, batch_id: str) -> Ba
     return store.require_batch(batch_id)
 
 
+def live_counts(store: Store, b: BatchRow) -> BatchRow:
+    """`b` with its request counts counted now (one GROUP BY on the batch_id index; nothing
+    written) while it runs, so `request_counts` are exact at every moment; an ended batch's
+    counts are the ones its final UPDATE set."""
+    if b.is_final or b.in_progress_at is None:
+        return b
+    c = store.count_by_status(b.id)
+    b.request_completed, b.request_failed = c["completed"], c["failed"]
+    b.request_cancelled, b.request_expired = c["cancelled"], c["expired"]
+    return b
+
+
 # --- the JSON shapes ---------------------------------------------------------------------------
 
 def _ts(at: datetime | None) -> int | None:
@@ -147,6 +182,8 @@ def batch_object(b: BatchRow) -> dict[str, Any]:
         "expired_at": _ts(b.expired_at), "cancelling_at": _ts(b.cancelling_at),
         "cancelled_at": _ts(b.cancelled_at), "request_counts": b.request_counts,
         "metadata": b.meta,
+        "output_expires_after": ({"anchor": "created_at", "seconds": b.output_expires_after}
+                                 if b.output_expires_after else None),
         "x_progress": {"lines_validated": b.lines_validated, "lines_enqueued": b.lines_enqueued,
                        "cancelled": b.request_cancelled, "expired": b.request_expired},
     }

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from inflight.schemas import SchemaError, Settings
 from inflight.schemas.anthropic_batch import MESSAGES_URL, anthropic_batch_request
 from inflight.schemas.base import ID_RE, MAX_ID_LEN
-from inflight.schemas.batch import CHAT_URL, COMPLETIONS_URL, openai_batch_request
+from inflight.schemas.batch import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, openai_batch_request
 from inflight.schemas.codec import load_object
 from inflight.schemas.json_text import refuse_nul
 from inflight.schemas.errors import ConfigError, ModelNotFoundError
@@ -41,7 +41,7 @@ from inflight.schemas.requests import PRIORITY_BATCH, InferenceRequest
 if TYPE_CHECKING:
     from inflight.producers.models_client import ModelsClient
 
-ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, MESSAGES_URL)
+ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, EMBEDDINGS_URL)
 MAX_CUSTOM_ID = 512
 
 
@@ -127,10 +127,12 @@ class LineChecker:
     def __init__(self, batch_id: str, endpoint: str, *, context: int | None,
                  max_prompt_chars: int | None, max_line_bytes: int | None,
                  models: ModelLookup | None = None, one_model: bool = False,
-                 default_topic: str = ""):
+                 default_topic: str = "", tenant: str | None = None,
+                 deadline: float | None = None):
         """`models`: where each line's model goes (None: every line is for the default
         model, of context `context`, on `default_topic`); `one_model`: every line must
-        name the same model (INFLIGHT_BATCH_ONE_MODEL_PER_FILE)."""
+        name the same model (INFLIGHT_BATCH_ONE_MODEL_PER_FILE). `tenant` / `deadline`:
+        every line's (the batch's owner; the end of its completion window)."""
         if endpoint not in ENDPOINTS:
             raise SchemaError(f"endpoint {endpoint!r}: use one of {', '.join(ENDPOINTS)}",
                               field="endpoint")
@@ -142,6 +144,8 @@ class LineChecker:
         self.models = models
         self.one_model = one_model
         self.default_topic = default_topic
+        self.inherited = {k: v for k, v in (("tenant", tenant), ("deadline", deadline))
+                          if v is not None}
         self.seen: set[str] = set()
         self.routes: dict[str | None, LineModel] = {}   # by the model a line names
         self.first_model: str | None = None
@@ -192,7 +196,9 @@ class LineChecker:
             where = "body.max_tokens"
         line_model = self._model(req, where.rsplit(".", 1)[0] + ".model", data, rid)
         if line_model.model != req.model:  # the default model, by any of its names: none
-            req = req.model_copy(update={"model": line_model.model})
+            req = req.model_copy(update={"model": line_model.model, **self.inherited})
+        elif self.inherited:
+            req = req.model_copy(update=self.inherited)
         context = line_model.context
         # NOTE: only a max_tokens the line sets is checked; the default is capped by the
         # engine at the context length, as OpenAI's default fills the remaining context.

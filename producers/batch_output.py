@@ -27,13 +27,15 @@ import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
 
 from inflight.schemas.anthropic_batch import MESSAGES_URL
 from inflight.schemas.anthropic_message import message_object
-from inflight.schemas.batch import CHAT_URL
+from inflight.schemas.batch import CHAT_URL, EMBEDDINGS_URL
+from inflight.schemas.embeddings import unpack_vector
 from inflight.schemas.json_text import parse_json
 from inflight.schemas.tools import parse_tool_calls
 from inflight.store import BatchRow, Store
@@ -48,6 +50,13 @@ PAGE = 1000  # input lines (and request rows fetched) per round trip
 _EXPIRED_MSG = "This request could not be executed before the completion window expired."
 _CANCELLED_MSG = "This request was cancelled before it completed."
 _OPENAI_STOP = {"stop": "stop", "length": "length"}
+
+
+def output_expiry(batch: BatchRow) -> datetime | None:
+    """When the batch's output files expire (output_expires_after, anchored at created_at)."""
+    if not batch.output_expires_after:
+        return None
+    return batch.created_at + timedelta(seconds=batch.output_expires_after)
 
 
 def _hid(prefix: str, rid: str) -> str:
@@ -102,7 +111,12 @@ def openai_line(custom_id: str, rid: str, row: dict[str, Any] | None, *, endpoin
         p, c = _usage(row)
         usage = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
         finish = _OPENAI_STOP.get(row.get("finish_reason") or "stop", "stop")
-        if endpoint == CHAT_URL:
+        if endpoint == EMBEDDINGS_URL:  # OpenAI's embedding response, one input a line
+            body = {"object": "list", "model": model,
+                    "data": [{"object": "embedding", "index": 0,
+                              "embedding": unpack_vector(row.get("embedding") or b"")}],
+                    "usage": {"prompt_tokens": p, "total_tokens": p}}
+        elif endpoint == CHAT_URL:
             message = {"role": "assistant", "content": row.get("output") or ""}
             tools = tools or bool(row.get("tool_calls"))
             if tools:  # content: the text outside the calls, no markup of a cut call
@@ -219,7 +233,8 @@ def _unrun_messages(store: Store, batch: BatchRow,
                                 "result": result(no)}) + b"\n"
 
     row = store.create_file(lines(), purpose="batch_output",
-                            filename=f"{batch.id}_results.jsonl", owner=batch.owner)
+                            filename=f"{batch.id}_results.jsonl", owner=batch.owner,
+                            expires_at=output_expiry(batch))
     if not row.line_count:
         store.delete_file(row.id)
         return None, 0
@@ -335,13 +350,14 @@ def write_results(store: Store, batch: BatchRow, *, default_model: str, final_st
     stem = batch.id
     with spool:
         out_row = store.create_file(output(), purpose="batch_output",
-                                    filename=f"{stem}_output.jsonl", owner=batch.owner)
+                                    filename=f"{stem}_output.jsonl", owner=batch.owner,
+                                    expires_at=output_expiry(batch))
         err_id = None
         if counts["errors"]:
             spool.seek(0)
             err_row = store.create_file(iter(lambda: spool.read(1 << 20), b""),
                                         purpose="batch_errors", filename=f"{stem}_errors.jsonl",
-                                        owner=batch.owner)
+                                        owner=batch.owner, expires_at=output_expiry(batch))
             err_id = err_row.id
     out_id = out_row.id if out_row.line_count else None
     if out_id is None:

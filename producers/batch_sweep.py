@@ -35,6 +35,7 @@ class SweepReport:
     busy: list[str] = field(default_factory=list)   # another sweeper held the lease
     deferred: list[str] = field(default_factory=list)  # database or broker away: next pass
     failed: list[str] = field(default_factory=list)    # raised: marked failed (batch_faults)
+    files_expired: list[str] = field(default_factory=list)  # past expires_at: deleted
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
@@ -50,6 +51,11 @@ def sweep(ctx: JobContext, *, dispatch_enqueue: Callable[[str], None] | None = N
     report = SweepReport()
     ids = (list(batch_ids) if batch_ids is not None else
            ctx.store.batch_ids([VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING]))
+    try:
+        report.files_expired = ctx.store.delete_expired_files()
+    except Exception as exc:  # noqa: BLE001 - the batches' sweep goes on without it
+        log.warning("sweep: deleting expired files failed (%s); the next pass retries",
+                    reason_of(exc))
     for bid in ids:
         report.checked += 1
         try:

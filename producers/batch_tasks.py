@@ -11,6 +11,8 @@ Tasks (names in producers.celery_app):
   times); any other exception marks that batch `failed` with the reason
   (producers.batch_faults).
 - `inflight.batch.sweep()`: one sweep pass, every INFLIGHT_BATCH_SWEEP_INTERVAL_S (beat).
+- `inflight.batch.events()`: batch events to the batch-events topic and to webhooks
+  (producers.webhooks.deliver), every INFLIGHT_WEBHOOK_INTERVAL_S (beat).
 
 Each process opens its own Store and Kafka producer on first use (after the fork of a
 prefork pool) and keeps them.
@@ -37,9 +39,10 @@ from inflight.store.urls import redact
 from inflight.producers.batch_faults import fail_batch, reason_of, transient
 from inflight.producers.batch_jobs import JobContext, sweep, validate_and_enqueue
 from inflight.producers.batch_lines import context_length
-from inflight.producers.celery_app import (ENQUEUE_TASK, SWEEP_TASK, celery_app,
+from inflight.producers.celery_app import (ENQUEUE_TASK, SWEEP_TASK, WEBHOOK_TASK, celery_app,
                                            embedded_broker_dir, send_enqueue)
 from inflight.producers.client import Client
+from inflight.producers.webhooks import deliver
 
 log = logging.getLogger("inflight.batch")
 
@@ -60,7 +63,9 @@ class _Resources:
     def ctx(self) -> JobContext:
         with self._lock:
             if self._ctx is None or self._pid != os.getpid():
-                store = Store.embedded(self.settings.database_url)
+                store = Store.embedded(self.settings.database_url,
+                                       files_url=self.settings.files_url,
+                                       files_endpoint=self.settings.files_s3_endpoint)
                 context = context_length(self.settings, self.model_dir)
                 # the client's models (the live registry) check and route each line's model
                 client = Client(self.settings, store=store, default_context=context)
@@ -120,6 +125,15 @@ def worker_app(settings: Settings, *, model_dir: Path | None = None,
         report = sweep(res.ctx(), dispatch_enqueue=lambda bid: send_enqueue(app, bid))
         if report.completed or report.expired or report.cancelled or report.redispatched:
             log.info("sweep: %s", report.to_json())
+        return report.to_json()
+
+    @app.task(name=WEBHOOK_TASK, shared=False)
+    def events_task() -> dict[str, Any]:
+        ctx = res.ctx()
+        report = deliver(ctx.store, res.settings, publish=lambda bid, body: (
+            ctx.publisher.publish_encoded([(bid, body)], topic=res.settings.topic_batch_events)))
+        if report.fanned_out or report.published or report.delivered or report.given_up:
+            log.info("batch events: %s", report.to_json())
         return report.to_json()
 
     return app

@@ -86,27 +86,74 @@ class BatchesClient:
                      input_file_id: str | None = None,
                      endpoint: str = "/v1/chat/completions", completion_window: str = "24h",
                      metadata: Mapping[str, str] | None = None, owner: str | None = None,
-                     progress: bool = False) -> BatchRow:
+                     progress: bool = False,
+                     output_expires_after: Mapping[str, Any] | None = None,
+                     prompt_column: str | None = None, id_column: str | None = None,
+                     system: str | None = None, template: str | None = None,
+                     max_tokens: int | None = None, model: str | None = None) -> BatchRow:
         """Upload `source` (or use an uploaded `input_file_id`), create a `validating`
-        batch and hand it to the Celery workers (`inflight jobs`) to validate and enqueue."""
+        batch and hand it to the Celery workers (`inflight jobs`) to validate and enqueue.
+        `output_expires_after`: `{"anchor": "created_at", "seconds": N}` for its output
+        files. A Parquet table (a `.parquet` path, or `prompt_column` given): one request per
+        row from `prompt_column` (through `template`, after `system`; `max_tokens` and
+        `model` on every line), `custom_id` from `id_column` (producers.batch_parquet)."""
         if (source is None) == (input_file_id is None):
             raise SchemaError("create_batch: give a file to upload or an input_file_id (one)")
         app = self.celery  # first: no file is stored for a batch that cannot start (no `jobs`)
-        from inflight.producers import batch_jobs
+        from inflight.producers import batch_jobs, batch_parquet
         from inflight.producers.celery_app import send_enqueue
 
+        parquet = None
+        if input_file_id is None and (prompt_column is not None or batch_parquet.is_parquet(source)):
+            if prompt_column is None:
+                raise SchemaError("a Parquet table needs prompt_column (--prompt-column): the "
+                                  "column whose text is each row's prompt")
+            parquet = self._upload_table(source, endpoint=endpoint, owner=owner,  # type: ignore[arg-type]
+                                         prompt_column=prompt_column, id_column=id_column,
+                                         system=system, template=template,
+                                         max_tokens=max_tokens, model=model)
+            input_file_id = parquet.pop("input_file_id")
         if input_file_id is None:
             input_file_id = self.upload_file(source, owner=owner, progress=progress).id  # type: ignore[arg-type]
         b = batch_jobs.create_batch(self.store, input_file_id=input_file_id, endpoint=endpoint,
                                     completion_window=completion_window,
-                                    metadata=dict(metadata) if metadata else None, owner=owner)
+                                    metadata=dict(metadata) if metadata else None, owner=owner,
+                                    output_expires_after=dict(output_expires_after)
+                                    if output_expires_after else None)
+        if parquet is not None:
+            self.store.set_batch_fields(b.id, parquet_source=parquet)
+            b = self.store.require_batch(b.id)
         send_enqueue(app, b.id)
         return b
 
+    def _upload_table(self, source: str | Path | bytes | BinaryIO, *, endpoint: str,
+                      owner: str | None, **how: Any) -> dict[str, Any]:
+        """Store the table (purpose batch_source) and its JSONL lines (the batch input)."""
+        from inflight.producers import batch_parquet
+
+        if isinstance(source, (bytes, bytearray)):
+            source = io.BytesIO(source)
+        table = self.upload_file(source, purpose=batch_parquet.SOURCE_PURPOSE, owner=owner,
+                                 filename=None if not isinstance(source, io.BytesIO)
+                                 else "table.parquet")
+        if not isinstance(source, (str, Path)):
+            source.seek(0)
+        name = Path(table.filename).stem + ".jsonl"
+        lines = batch_parquet.table_lines(source, endpoint=endpoint, **how)
+        try:
+            f = self.store.create_file(lines, purpose="batch", filename=name, owner=owner)
+        except BaseException:
+            self.store.delete_file(table.id)
+            raise
+        return {"input_file_id": f.id, "file_id": table.id,
+                "prompt_column": how["prompt_column"], "id_column": how["id_column"]}
+
     def get_batch(self, batch_id: str) -> BatchRow:
-        """The batch row (NotFoundError for an unknown id); batch_jobs.batch_object(row)
-        gives the OpenAI JSON."""
-        return self.store.require_batch(batch_id)
+        """The batch row (NotFoundError for an unknown id), its request counts counted now
+        while it runs; batch_jobs.batch_object(row) gives the OpenAI JSON."""
+        from inflight.producers.batch_jobs import live_counts
+
+        return live_counts(self.store, self.store.require_batch(batch_id))
 
     def list_batches(self, *, limit: int = 20, after: str | None = None,
                      owner: str | None = None) -> list[BatchRow]:

@@ -29,6 +29,7 @@ from inflight.producers.celery_fs import TRANSPORT as FS_TRANSPORT
 
 ENQUEUE_TASK = "inflight.batch.enqueue"
 SWEEP_TASK = "inflight.batch.sweep"
+WEBHOOK_TASK = "inflight.batch.events"   # fan out batch events, deliver webhooks
 
 
 def embedded_broker_dir(settings: Settings) -> Path:
@@ -70,7 +71,10 @@ def celery_app(settings: Settings) -> Celery:
         beat_schedule={"inflight-batch-sweep": {
             "task": SWEEP_TASK, "schedule": settings.batch_sweep_interval_s,
             # a sweep that could not start before the next one is due is dropped
-            "options": {"expires": settings.batch_sweep_interval_s}}},
+            "options": {"expires": settings.batch_sweep_interval_s}},
+            "inflight-batch-events": {
+                "task": WEBHOOK_TASK, "schedule": settings.webhook_interval_s,
+                "options": {"expires": max(settings.webhook_interval_s, 1.0)}}},
         beat_schedule_filename=str(Path(settings.data_dir) / "celery-beat-schedule"),
         timezone="UTC",
     )

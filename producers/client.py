@@ -136,6 +136,7 @@ class Client:
     publish_encoded = _by("requests_client", RequestsClient.publish_encoded)
     stream = _by("requests_client", RequestsClient.stream)
     wait = _by("requests_client", RequestsClient.wait)
+    embed = _by("requests_client", RequestsClient.embed)
 
     # -- the models served now (ModelsClient) ---------------------------------------------------
     models = _by("models_client", ModelsClient.models)

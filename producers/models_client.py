@@ -56,9 +56,10 @@ class ServedModel:
 
     def card(self) -> dict[str, Any]:
         """OpenAI's Model object, plus vLLM's `max_model_len` and `parent` (an adapter's
-        base model; null for a base model)."""
+        base model; null for a base model) and `kind`: "generate" or "embed" (an embedding
+        model: POST /v1/embeddings)."""
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": OWNER,
-                "max_model_len": self.max_model_len, "parent": self.parent}
+                "max_model_len": self.max_model_len, "parent": self.parent, "kind": self.kind}
 
 
 @dataclass(frozen=True)

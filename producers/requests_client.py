@@ -17,6 +17,7 @@ a request's submit time when it was not submitted here, and the state a wait ret
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -32,12 +33,20 @@ from inflight.schemas import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ErrorEvent, 
                               TokenEvent, encode)
 from inflight.schemas.cancel import batch_cancel, request_cancel
 from inflight.schemas.codec import schema_error
+from inflight.schemas.embeddings import decode_vector
 from inflight.schemas.errors import BrokerError, CapacityError, InflightError
+from inflight.schemas.headers import (TRACEPARENT, TRACESTATE, Headers, get_header, header_key,
+                                      header_value, message_headers, new_traceparent)
+from inflight.transport import tracing
 from inflight.transport.kafka_clients import producer
 
 from inflight.producers.models_client import ModelsClient
 from inflight.producers.results_client import NOT_FOUND, RequestNotFound, Result, ResultsClient
 from inflight.producers.results_reader import ResultsReader
+
+class EmbedError(InflightError, ValueError):
+    """An input given to `Client.embed` was not embedded (the message names its index)."""
+
 
 STREAM_CLOCK_SLACK_S = 5.0   # a submit time of another process: this much earlier (clock skew)
 STREAM_LOOKBACK_S = 3600.0   # unknown submit time: look back this far
@@ -49,10 +58,13 @@ def build_request(item: Any, params: SamplingParams | Mapping | None = None, *,
              request_id: str | None = None, priority: int | None = None,
              metadata: Mapping | None = None, batch_id: str | None = None,
              tools: list | None = None, tool_choice: Any = None,
-             model: str | None = None) -> InferenceRequest:
+             model: str | None = None, tenant: str | None = None,
+             timeout: float | None = None, deadline: float | None = None) -> InferenceRequest:
     """One InferenceRequest from what submit accepts (a prompt, chat messages, token ids, a
     dict of request fields or an InferenceRequest); SchemaError names the first bad field."""
     if isinstance(item, InferenceRequest):
+        if tenant is not None and item.tenant is None:
+            item = item.model_copy(update={"tenant": tenant})
         return item if model is None else item.model_copy(update={"model": model})
     fields: dict[str, Any] = {}
     if isinstance(item, Mapping):
@@ -83,12 +95,31 @@ def build_request(item: Any, params: SamplingParams | Mapping | None = None, *,
         fields["tool_choice"] = tool_choice
     if model is not None:
         fields["model"] = model
+    for name, value in (("tenant", tenant), ("timeout", timeout), ("deadline", deadline)):
+        if value is not None:
+            fields.setdefault(name, value)
     fields.setdefault("submitted_at", time.time())
     try:
         return InferenceRequest.model_validate(fields)
     except ValidationError as exc:  # one SchemaError naming the first bad field
         raise schema_error(exc, raw=None, request_id=fields.get("request_id"),
                            model=InferenceRequest) from None
+
+
+def request_headers(req: InferenceRequest, extra: Headers | None = None) -> Headers:
+    """The record headers of a request (schemas/headers.py): content-type, schema-version,
+    its id and tenant, then `extra` as given; a `traceparent` is started when `extra` has
+    none (the request's own trace: every event of it carries the same one)."""
+    out = message_headers(req.request_id, _tenant(req))
+    extra = [(header_key(k), header_value(v)) for k, v in (extra or ())]
+    if get_header(extra, TRACEPARENT) is None:
+        extra.append((TRACEPARENT, new_traceparent()))
+    return out + [(k, v) for k, v in extra if k not in dict(out)]
+
+
+def _tenant(req: InferenceRequest) -> str | None:
+    tenant = getattr(req, "tenant", None)  # the wire's tenant field, where it exists
+    return tenant if isinstance(tenant, str) else None
 
 
 class RequestsClient:
@@ -109,6 +140,7 @@ class RequestsClient:
         self._submitted: dict[str, float] = {}
         self._reader = reader
         self._own_reader = reader is None
+        self.tracer = tracing.tracer(settings, "inflight.client")  # None: tracing is off
 
     # -- connections ----------------------------------------------------------------------
     @property
@@ -159,42 +191,76 @@ class RequestsClient:
                priority: int = PRIORITY_INTERACTIVE, metadata: Mapping | None = None,
                batch_id: str | None = None, flush: bool = True, tools: list | None = None,
                tool_choice: Any = None, model: str | None = None,
-               allow_unserved: bool = False) -> str:
+               allow_unserved: bool = False, headers: Headers | None = None,
+               tenant: str | None = None, timeout: float | None = None,
+               deadline: float | None = None) -> str:
         """Publish one request; returns its request_id (a given one is kept).
         `params` may constrain the output (`{"structured_outputs": {"json": SCHEMA}}`, or
         SamplingParams(structured_outputs=...)); `tools` / `tool_choice` (OpenAI's, with
         `messages`) make the answer's tool calls come back on the result (`tool_calls`).
         `model`: the model to run it (None: the default model); a model no live worker
         serves is a ModelNotFoundError, unless `allow_unserved` (it waits in its topic for
-        workers that start later)."""
+        workers that start later). `headers`: extra record headers (`traceparent` /
+        `tracestate` of the caller's trace; any other is copied onto the request's events).
+        `tenant`: who it is for (default INFLIGHT_TENANT; fair share, usage); `timeout`
+        (seconds) / `deadline` (epoch seconds): it ends `expired` when not done by then
+        (docs/tenants.md)."""
         req = build_request(messages if messages is not None else prompt, params,
                             request_id=request_id, priority=priority, metadata=metadata,
                             batch_id=batch_id, tools=tools, tool_choice=tool_choice,
-                            model=model)
-        self._publish(*self.routed(req, allow_unserved))
+                            model=model, tenant=tenant or self.settings.tenant,
+                            timeout=timeout, deadline=deadline)
+        self._publish(*self.routed(req, allow_unserved), headers=headers)
         if flush:
             self.flush()
         return req.request_id
 
-    def _publish(self, req: InferenceRequest, topic: str) -> None:
-        self.send(req, topic)
+    def _publish(self, req: InferenceRequest, topic: str, headers: Headers | None = None) -> None:
+        self.send(req, topic, headers=headers)
         self._submitted[req.request_id] = req.submitted_at
 
-    def send(self, req: InferenceRequest, topic: str | None = None) -> FutureRecordMetadata:
+    def send(self, req: InferenceRequest, topic: str | None = None, *,
+             headers: Headers | None = None) -> FutureRecordMetadata:
         """Publish one request (already routed: `routed`) to `topic` (None: its model's,
         `topic_for`) without flushing or remembering it (long-running servers); returns
-        kafka-python's future, done when Kafka acknowledged the record."""
+        kafka-python's future, done when Kafka acknowledged the record. `headers`: extra
+        record headers (a `traceparent` of the caller's trace; others are copied onto the
+        request's events unchanged); see `request_headers`."""
         value = encode(req)
         if len(value) > self.settings.kafka_max_message_bytes:
             raise SchemaError(f"request {req.request_id} is {len(value)} bytes, over the limit "
                               f"of {self.settings.kafka_max_message_bytes} "
                               "(INFLIGHT_KAFKA_MAX_MESSAGE_BYTES); shorten the prompt",
                               request_id=req.request_id, code="message_too_large")
+        topic = topic or self.topic_for(req)
+        if self.tracer is not None:
+            return self._send_traced(req, topic, value, headers)
+        return self._send(req, topic, value, request_headers(req, headers))
+
+    def _send(self, req: InferenceRequest, topic: str, value: bytes,
+              headers: Headers) -> FutureRecordMetadata:
         try:
-            return self.producer.send(topic or self.topic_for(req), key=req.request_id.encode(),
-                                      value=value)
+            return self.producer.send(topic, key=req.request_id.encode(), value=value,
+                                      headers=headers)
         except KafkaError as exc:
             raise BrokerError(f"publishing {req.request_id} failed: {exc}") from exc
+
+    def _send_traced(self, req: InferenceRequest, topic: str, value: bytes,
+                     headers: Headers | None) -> FutureRecordMetadata:
+        """send() with tracing on: an `inflight.submit` span, a child of the caller's
+        traceparent header (else of the current span: the API's request), whose context
+        becomes the request's traceparent (transport/tracing.py)."""
+        from opentelemetry.trace import SpanKind
+
+        given = [(header_key(k), header_value(v)) for k, v in (headers or ())]
+        parent = tracing.context_from(given) if get_header(given, TRACEPARENT) else None
+        with self.tracer.start_as_current_span(
+                "inflight.submit", context=parent, kind=SpanKind.PRODUCER,
+                attributes={"messaging.system": "kafka", "messaging.destination.name": topic,
+                            "messaging.operation.type": "send",
+                            "inflight.request_id": req.request_id}):
+            own = [(k, v) for k, v in given if k not in (TRACEPARENT, TRACESTATE)]
+            return self._send(req, topic, value, request_headers(req, own + tracing.inject()))
 
     def flush(self, timeout: float | None = 30) -> None:
         if self._producer is not None:
@@ -206,7 +272,8 @@ class RequestsClient:
     def submit_many(self, items: Iterable[Any], params: SamplingParams | Mapping | None = None, *,
                     priority: int | None = None, batch_id: str | None = None,
                     progress: bool | None = None, flush_every: int = 1000,
-                    model: str | None = None, allow_unserved: bool = False) -> list[str]:
+                    model: str | None = None, allow_unserved: bool = False,
+                    tenant: str | None = None) -> list[str]:
         """Publish many requests (strings, messages, dicts of request fields or
         InferenceRequests); a progress bar shows on long inputs. Returns the ids in order.
         `model`: for items that name none; each request goes to its own model's topics (a
@@ -219,7 +286,8 @@ class RequestsClient:
         ids = []
         with tqdm(total=total, disable=not show, unit="req", desc="submit") as bar:
             for item in items:
-                req = build_request(item, params, priority=priority, batch_id=batch_id)
+                req = build_request(item, params, priority=priority, batch_id=batch_id,
+                                    tenant=tenant or self.settings.tenant)
                 if model is not None and req.model is None:
                     req = req.model_copy(update={"model": model})
                 self._publish(*self.routed(req, allow_unserved))
@@ -240,7 +308,8 @@ class RequestsClient:
         try:
             for rid in request_ids:
                 key, value = request_cancel(rid)
-                self.producer.send(self.settings.topic_cancel, key=key, value=value)
+                self.producer.send(self.settings.topic_cancel, key=key, value=value,
+                                   headers=message_headers(rid))
                 n += 1
         except KafkaError as exc:
             raise BrokerError(f"publishing cancels failed: {exc}") from exc
@@ -267,7 +336,8 @@ class RequestsClient:
         the batch itself to `cancelling` and sends this."""
         key, value = batch_cancel(batch_id)
         try:
-            self.producer.send(self.settings.topic_cancel, key=key, value=value)
+            self.producer.send(self.settings.topic_cancel, key=key, value=value,
+                               headers=message_headers())
         except KafkaError as exc:
             raise BrokerError(f"publishing the cancel of batch {batch_id} failed: {exc}") from exc
         self.flush()
@@ -278,12 +348,63 @@ class RequestsClient:
         n = 0
         try:
             for rid, value in items:
-                self.producer.send(topic, key=rid.encode(), value=value)
+                self.producer.send(topic, key=rid.encode(), value=value,
+                                   headers=message_headers(rid) + [(TRACEPARENT,
+                                                                    new_traceparent())])
                 n += 1
         except KafkaError as exc:
             raise BrokerError(f"publishing to {topic} failed: {exc}") from exc
         self.flush()
         return n
+
+    def embed(self, texts: Any, *, model: str | None = None, dimensions: int | None = None,
+              timeout: float = 120.0, chunk: int = 1000,
+              allow_unserved: bool = False) -> list[list[float]]:
+        """Embed texts (or token-id lists; one text alone is a list of one) on an embedding
+        model's workers; returns one float vector per input, in order. Each input is one
+        Kafka request of kind "embed"; their final events carry the vectors. EmbedError
+        names the first input that failed (with the worker's reason); RequestNotFound when
+        an answer does not come within `timeout` seconds. At most `chunk` inputs are in
+        flight at once."""
+        items = [texts] if isinstance(texts, str) else list(texts)
+        out: list[list[float]] = []
+        for lo in range(0, len(items), chunk):
+            out += self._embed_chunk(items[lo:lo + chunk], lo, model, dimensions, timeout,
+                                     allow_unserved)
+        return out
+
+    def _embed_chunk(self, items: list, first: int, model: str | None, dimensions: int | None,
+                     timeout: float, allow_unserved: bool) -> list[list[float]]:
+        reqs = []
+        for i, item in enumerate(items, first):
+            field = "prompt" if isinstance(item, str) else "prompt_token_ids"
+            try:
+                req = build_request({field: item, "kind": "embed", "dimensions": dimensions,
+                                     "stream": False}, model=model)
+            except SchemaError as exc:
+                raise EmbedError(f"input {i}: {exc}") from None
+            reqs.append(self.routed(req, allow_unserved))
+        deadline = time.monotonic() + timeout
+        with contextlib.ExitStack() as stack:
+            # followed first (since=None: published after this call), so no event is missed
+            follows = [stack.enter_context(self.reader.follow(req.request_id)) for req, _ in reqs]
+            for req, topic in reqs:
+                self.send(req, topic)
+            self.flush()
+            vectors = []
+            for i, ((req, _), f) in enumerate(zip(reqs, follows), first):
+                final = None
+                for event in f.events(deadline, lambda rid=req.request_id: RequestNotFound(
+                        f"no answer for input {i} (request {rid}) within {timeout:.0f}s; "
+                        "is an embedding worker running? (`inflight models`)")):
+                    final = event
+                if isinstance(final, ErrorEvent):
+                    raise EmbedError(f"input {i}: {final.message} ({final.code})")
+                if final is None or final.embedding is None:
+                    raise EmbedError(f"input {i}: the worker answered without a vector (is "
+                                     f"{req.model or 'the default model'} an embedding model?)")
+                vectors.append(decode_vector(final.embedding))
+        return vectors
 
     # -- following -----------------------------------------------------------------------------
     def wait(self, request_id: str, timeout: float | None = None, poll_s: float = 0.1) -> Result:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from inflight.schemas import Settings
+from inflight.schemas.embeddings import unpack_vector
 from inflight.schemas.errors import InflightError
 from inflight.store import FINAL_STATUSES, Store
 
@@ -47,6 +48,7 @@ class Result:
     logprobs: dict[str, Any] | None = None  # requests.logprobs (see store.rows.logprobs_column)
     tool_calls: list[dict[str, Any]] | None = None  # a request with tools: its answer's calls
     model: str | None = None  # the model it named, then the one that ran it
+    embedding: list[float] | None = None  # an embedding request's vector
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -73,7 +75,9 @@ class ResultsClient:
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = Store.embedded(self.settings.database_url)
+            self._store = Store.embedded(self.settings.database_url,
+                                         files_url=self.settings.files_url,
+                                         files_endpoint=self.settings.files_s3_endpoint)
         return self._store
 
     def close(self) -> None:
@@ -92,7 +96,8 @@ class ResultsClient:
                       batch_id=row.batch_id, worker=row.worker,
                       created_at=row.created_at.timestamp() if row.created_at else None,
                       finished_at=row.finished_at.timestamp() if row.finished_at else None,
-                      logprobs=row.logprobs, tool_calls=row.tool_calls, model=row.model)
+                      logprobs=row.logprobs, tool_calls=row.tool_calls, model=row.model,
+                      embedding=None if row.embedding is None else unpack_vector(row.embedding))
 
     def wait_many(self, request_ids: Iterable[str], timeout: float | None = None,
                   poll_s: float = 0.2) -> dict[str, Result]:

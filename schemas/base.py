@@ -31,6 +31,10 @@ MODEL_ID_RE = re.compile(MODEL_ID_PATTERN)
 MAX_MODEL_ID_LEN = 128
 ModelId = Annotated[str, StringConstraints(pattern=MODEL_ID_PATTERN)]
 
+# Kafka topic names (Kafka's rule: 1-249 of letters, digits and . _ -)
+TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
+TopicName = Annotated[str, StringConstraints(pattern=TOPIC_PATTERN)]
+
 
 def _finite_json(value: Any, _depth: int = 0) -> Any:
     """Reject NaN/inf anywhere inside a free-form JSON value (metadata)."""

@@ -28,6 +28,7 @@ from inflight.schemas.requests import PRIORITY_BATCH, InferenceRequest
 
 COMPLETIONS_URL = "/v1/completions"
 CHAT_URL = "/v1/chat/completions"
+EMBEDDINGS_URL = "/v1/embeddings"  # body: model, input (one text or token-id list), dimensions
 
 # body key -> SamplingParams field
 _PARAM_MAP = {
@@ -161,11 +162,14 @@ def _openai_body_fields(obj: dict[str, Any], raw: bytes, rid: str) -> dict[str, 
     if obj.get("method", "POST") != "POST":
         raise _fail(f"method: only POST is supported (got {obj.get('method')!r:.40})", raw, "method", rid)
     url = obj.get("url")
-    if url not in (COMPLETIONS_URL, CHAT_URL):
-        raise _fail(f"url: use {COMPLETIONS_URL!r} or {CHAT_URL!r} (got {url!r:.80})", raw, "url", rid)
+    if url not in (COMPLETIONS_URL, CHAT_URL, EMBEDDINGS_URL):
+        raise _fail(f"url: use {COMPLETIONS_URL!r}, {CHAT_URL!r} or {EMBEDDINGS_URL!r} "
+                    f"(got {url!r:.80})", raw, "url", rid)
     body = obj.get("body")
     if not isinstance(body, dict):
         raise _fail(f"body: must be a JSON object (got {type(body).__name__})", raw, "body", rid)
+    if url == EMBEDDINGS_URL:
+        return _embedding_fields(body, raw, rid)
 
     fields: dict[str, Any] = {"request_id": rid}
     params: dict[str, Any] = {}
@@ -219,6 +223,37 @@ def _openai_body_fields(obj: dict[str, Any], raw: bytes, rid: str) -> dict[str, 
     return fields
 
 
+def _embedding_fields(body: dict[str, Any], raw: bytes, rid: str) -> dict[str, Any]:
+    """An OpenAI Batch line for /v1/embeddings: one input per line (a string or token ids),
+    as a request of kind "embed"; its output line carries the float vector."""
+    unknown = sorted(set(body) - {"model", "input", "dimensions", "encoding_format", "user"})
+    if unknown:
+        raise _fail(f"body: unsupported parameter(s) {', '.join(map(repr, unknown))} for "
+                    f"{EMBEDDINGS_URL}; supported: model, input, dimensions, encoding_format",
+                    raw, f"body.{unknown[0]}", rid)
+    if body.get("encoding_format", "float") not in ("float", None):
+        raise _fail("body.encoding_format: batch output lines carry float vectors; use 'float' "
+                    "or leave it out", raw, "body.encoding_format", rid)
+    if "input" not in body:
+        raise _fail("missing required field 'body.input'", raw, "body.input", rid)
+    x = body["input"]
+    if isinstance(x, list) and len(x) == 1 and isinstance(x[0], (str, list)):
+        x = x[0]
+    if isinstance(x, str):
+        fields: dict[str, Any] = {"prompt": x}
+    elif isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x):
+        fields = {"prompt_token_ids": x}
+    else:
+        raise _fail("body.input: give one string or one list of token ids (one input per line; "
+                    "split a list of inputs into several lines)", raw, "body.input", rid)
+    fields.update(request_id=rid, kind="embed")
+    if body.get("model") is not None:
+        fields["model"] = body["model"]
+    if body.get("dimensions") is not None:
+        fields["dimensions"] = body["dimensions"]
+    return fields
+
+
 def _prompt(prompt: Any, raw: bytes, rid: str) -> dict[str, Any]:
     if isinstance(prompt, str):
         return {"prompt": prompt}
@@ -253,4 +288,4 @@ def _messages(messages: Any, raw: bytes, rid: str) -> Any:
 
 
 __all__ = ["parse_batch_line", "openai_batch_request", "salvage_request_id", "COMPLETIONS_URL",
-           "CHAT_URL"]
+           "CHAT_URL", "EMBEDDINGS_URL"]

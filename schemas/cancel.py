@@ -11,10 +11,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import orjson
+from pydantic import ConfigDict, model_validator
 
-from inflight.schemas.base import ID_RE
+from inflight.schemas.base import ID_RE, SCHEMA_VERSION, WireId, WireModel
 from inflight.schemas.lora import LoraCommand, parse_lora_command
 
 
@@ -26,6 +28,24 @@ class Cancel:
     request_id: str | None = None
     batch_id: str | None = None
     lora: LoraCommand | None = None
+
+
+class CancelMessage(WireModel):
+    """The JSON a cancel carries (the published contract, schemas/contract.py): exactly one
+    of `request_id`, `batch_id`. Readers go through `parse_cancel`, which also takes a bare
+    id and ignores fields it does not know."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: WireId | None = None
+    batch_id: WireId | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "CancelMessage":
+        if (self.request_id is None) == (self.batch_id is None):
+            raise ValueError("set exactly one of 'request_id', 'batch_id'")
+        return self
 
 
 def request_cancel(request_id: str) -> tuple[bytes, bytes]:

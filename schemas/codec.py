@@ -171,13 +171,48 @@ def request_from_object(obj: dict[str, Any], *, raw: bytes | None,
         raise SchemaError(f"invalid request: {e}", raw=raw, request_id=rid) from None
 
 
+def drop_unknown(obj: dict[str, Any], err: ValidationError, *, tagged: bool = False) -> bool:
+    """Delete from `obj` (in place) every field `err` calls unknown (extra_forbidden);
+    whether any was. `tagged`: the error paths start with a union's tag (result events)."""
+    dropped = False
+    for e in err.errors(include_url=False):
+        if e.get("type") != "extra_forbidden":
+            continue
+        loc = list(e.get("loc", ()))
+        if tagged and loc and loc[0] in _TAGS:
+            loc = loc[1:]
+        parent: Any = obj
+        for part in loc[:-1]:
+            try:
+                parent = parent[part]
+            except (KeyError, IndexError, TypeError):
+                parent = None
+                break
+        if isinstance(parent, dict) and loc and loc[-1] in parent:
+            del parent[loc[-1]]
+            dropped = True
+    return dropped
+
+
+def validate_open(validate: Any, obj: dict[str, Any], *, tagged: bool = False) -> Any:
+    """`validate(obj)`, ignoring fields the model does not know (a newer writer's optional
+    fields): what every reader of the project's own output does (schemas/contract.py)."""
+    try:
+        return validate(obj)
+    except ValidationError as e:
+        if not drop_unknown(obj, e, tagged=tagged):
+            raise
+    return validate(obj)
+
+
 def decode_result(raw: Any, *, max_bytes: int | None = None) -> ResultEvent:
     """Bytes from `inflight.results` / `inflight.results.tokens` → TokenEvent | StatusEvent |
-    FinalEvent | ErrorEvent (by `type`)."""
+    FinalEvent | ErrorEvent (by `type`). Fields it does not know are ignored (a newer
+    writer's: schemas/contract.py); everything else is checked strictly."""
     data, obj = load_object(raw, max_bytes=max_bytes, what="result event")
     rid = salvage_request_id(obj)
     try:
-        return _RESULT_ADAPTER.validate_python(obj)
+        return validate_open(_RESULT_ADAPTER.validate_python, obj, tagged=True)
     except ValidationError as e:
         raise schema_error(e, raw=data, request_id=rid, strip_tag=True) from None
     except (ValueError, TypeError, RecursionError) as e:

@@ -22,16 +22,22 @@ from inflight.engine.errors import (ERR_CANCELLED, ERR_ENGINE, ERR_EXPIRED, ERR_
                                     ERR_MESSAGE_TOO_LARGE, ERR_PROMPT_TOO_LONG,
                                     ERR_STORE_REJECTED)
 from inflight.schemas.base import SCHEMA_VERSION, ModelId, WireId, WireModel
+from inflight.schemas.embeddings import EmbeddingB64
 from inflight.schemas.params import TokenId
 from inflight.schemas.tools import ToolCall
 
 # A request for a model the worker that read it does not serve (written to another model's
 # topic): it never runs on the wrong weights (transport/model_topics.py).
 ERR_MODEL_NOT_FOUND = "model_not_found"
+# A request whose reply_to topic does not exist or is not allowed (INFLIGHT_REPLY_TO_PATTERN)
+ERR_REPLY_TO_REFUSED = "reply_to_refused"
+# A generation request to a worker serving an embedding model, or the reverse.
+ERR_WRONG_MODEL_KIND = "wrong_model_kind"
 
 # Engine finish reasons, as vLLM spells them.
-FinishReason = Literal["stop", "length", "abort", "error"]
-FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error")
+# "expired": stopped at the request's deadline (InferenceRequest.timeout / deadline).
+FinishReason = Literal["stop", "length", "abort", "error", "expired"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "expired")
 
 
 class Usage(WireModel):
@@ -143,6 +149,11 @@ class FinalEvent(WireModel):
     # finish_reason "stop" because of one of the request's stop strings: that string
     # (vLLM's field; the Messages API answers it as stop_sequence); else None
     stop_reason: str | None = None
+    # an embedding request (kind "embed"): its vector, float32 little-endian bytes in
+    # base64 (schemas/embeddings.py: decode_vector)
+    embedding: EmbeddingB64 | None = None
+    # the request's tenant (InferenceRequest.tenant), copied so the store files it
+    tenant: WireId | None = None
 
 
 class ErrorEvent(WireModel):
@@ -163,6 +174,7 @@ class ErrorEvent(WireModel):
     batch_id: WireId | None = None
     # the model the request named (None: it named none, or it could not be read)
     model: ModelId | None = None
+    tenant: WireId | None = None  # the request's tenant, when it could be read
 
 
 ResultEvent = Annotated[Union[TokenEvent, StatusEvent, FinalEvent, ErrorEvent],

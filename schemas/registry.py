@@ -29,7 +29,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError
 
 from inflight.schemas.base import SCHEMA_VERSION, ModelId, WireModel
-from inflight.schemas.codec import load_object, schema_error
+from inflight.schemas.codec import load_object, schema_error, validate_open
 
 DEFAULT_ALIAS = "default"   # a request's `model` that names the default model, whatever it is
 Kind = Literal["generate", "embed"]
@@ -69,9 +69,10 @@ def registry_key(worker: str, model: str) -> bytes:
 
 
 def decode_record(value: bytes) -> ModelRecord:
-    """A registry value -> ModelRecord; SchemaError naming the field when it is not one."""
+    """A registry value -> ModelRecord; SchemaError naming the field when it is not one.
+    Fields it does not know are ignored (a newer worker's: schemas/contract.py)."""
     data, obj = load_object(value, max_bytes=1_000_000, what="registry record")
     try:
-        return ModelRecord.model_validate(obj)
+        return validate_open(ModelRecord.model_validate, obj)
     except ValidationError as exc:
         raise schema_error(exc, raw=data, request_id=None, model=ModelRecord) from None

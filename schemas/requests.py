@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, ValidationInfo, model_validator
 
-from inflight.schemas.base import (SCHEMA_VERSION, FieldError, FiniteJson, ModelId, WireId,
-                                   WireModel)
+from inflight.schemas.base import (SCHEMA_VERSION, FieldError, FiniteJson, ModelId, TopicName,
+                                   WireId, WireModel)
 from inflight.schemas.params import SamplingParams, StructuredOutputs, TokenId, WireSamplingParams
 from inflight.schemas.tools import (MAX_TOOLS_FIELD, ToolCall, ToolChoice, choice_name,
                                     tool_constraint)
@@ -28,6 +28,7 @@ MAX_PROMPT_TOKEN_IDS = 1_048_576
 MAX_METADATA_KEYS = 64
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+RequestKind = Literal["generate", "embed"]
 
 
 class ChatMessage(WireModel):
@@ -61,6 +62,21 @@ class InferenceRequest(WireModel):
     model goes to its own request topics (transport/model_topics.py), and a worker that
     reads a request for a model it does not serve ends it `model_not_found`.
 
+    `tenant`: who the request is for (fair share in the scheduler, limits, usage). The HTTP
+    API sets it from the caller's key owner; Kafka producers and `Client` set it themselves
+    (trusted inside the data platform; a worker with INFLIGHT_REQUIRE_TENANT refuses a
+    request without one). None = the anonymous tenant.
+
+    `timeout` (seconds from `submitted_at`) / `deadline` (epoch seconds): a request not
+    started by then ends `expired` without running; one running past it is stopped and ends
+    `expired` with what it produced (finish_reason "expired"). Both given: the earlier wins
+    (`expires_at`).
+
+    `reply_to`: a topic that also gets the request's final event (and its token deltas when
+    it streams), keyed by request_id, with the same headers; it must exist and match
+    INFLIGHT_REPLY_TO_PATTERN (never one of the project's own topics), else the request
+    ends at intake with an error final (code reply_to_refused) before it runs.
+
     `tools` / `tool_choice` / `parallel_tool_calls` (OpenAI's, with `messages`): the worker
     renders the tools into the prompt and reads calls out of the answer (FinalEvent
     .tool_calls); unless tool_choice is "none", the tools become the request's
@@ -83,6 +99,15 @@ class InferenceRequest(WireModel):
     tools: MAX_TOOLS_FIELD | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    reply_to: TopicName | None = None
+    # "embed": an embedding request (a `prompt` or `prompt_token_ids`, no sampling): its
+    # FinalEvent carries the vector (`embedding`), for a worker serving an embedding model
+    # (schemas/embeddings.py); `dimensions` cuts the vector (Matryoshka), embed only
+    kind: RequestKind = "generate"
+    dimensions: int | None = Field(default=None, ge=1, le=65536)
+    tenant: WireId | None = None
+    timeout: float | None = Field(default=None, gt=0.0, le=366 * 86_400.0)
+    deadline: float | None = Field(default=None, ge=0.0)
 
     @model_validator(mode="before")
     @classmethod
@@ -135,6 +160,11 @@ class InferenceRequest(WireModel):
         if named is not None and named not in {t.function.name for t in self.tools}:
             raise FieldError("tool_choice", f"names function {named!r}, which is not among "
                              "the tools")
+        if self.kind == "embed" and self.messages is not None:
+            raise FieldError("messages", "an embedding request embeds a 'prompt' (text) or "
+                             "'prompt_token_ids', not chat messages")
+        if self.dimensions is not None and self.kind != "embed":
+            raise FieldError("dimensions", "only an embedding request (kind 'embed') has dimensions")
         limit = (info.context or {}).get("max_prompt_chars") if info.context else None
         if limit is not None and self.prompt_chars > limit:
             raise FieldError(given[0], f"is {self.prompt_chars} characters, over the limit "
@@ -146,6 +176,24 @@ class InferenceRequest(WireModel):
     def wants_stream(self) -> bool:
         """Whether the worker publishes token deltas (see `stream`)."""
         return self.stream if self.stream is not None else self.priority < PRIORITY_BATCH
+
+    @property
+    def expires_at(self) -> float | None:
+        """Epoch seconds after which the request is useless (`timeout`, `deadline`), or None."""
+        by_timeout = None if self.timeout is None else self.submitted_at + self.timeout
+        if by_timeout is None or self.deadline is None:
+            return by_timeout if self.deadline is None else self.deadline
+        return min(by_timeout, self.deadline)
+
+    @property
+    def token_estimate(self) -> int:
+        """Its tokens before it runs (what limits reserve): the prompt (token ids exactly;
+        text: characters / 4, rounded up) + max_tokens."""
+        if self.prompt_token_ids is not None:
+            prompt = len(self.prompt_token_ids)
+        else:
+            prompt = -(-self.prompt_chars // 4)
+        return prompt + self.params.max_tokens
 
     @property
     def prompt_chars(self) -> int:

@@ -106,11 +106,22 @@ class Settings(BaseSettings):
     # the model registry: every worker's announcement (compacted, one partition;
     # schemas/registry.py)
     topic_models: str = "inflight.models"
+    # OpenTelemetry traces over OTLP/HTTP (docs/tracing.md): off unless an endpoint is set
+    # here or in the standard OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT
+    otel_exporter_otlp_endpoint: str | None = None
+    otel_service_name: str = "inflight"
+    # the topics a request's `reply_to` may name (a full-match regular expression); the
+    # project's own topics never, and only topics that exist (docs/kafka-contract.md)
+    reply_to_pattern: str = r"[A-Za-z0-9._-]+"
     worker_group: str = "inflight-workers"
     recorder_group: str = "inflight-recorder"
     # partitions of a topic a worker or `inflight topics create --model` creates (the
     # request topics of a model; `inflight topics create --partitions` overrides)
     topic_partitions: int = Field(default=4, ge=1)
+
+    # the tenant a Client (and `inflight submit`) stamps on requests that name none
+    # (InferenceRequest.tenant; the HTTP API uses the caller key's owner instead)
+    tenant: str | None = None
 
     # --- store ---------------------------------------------------------------------
     database_url: str = Field(default_factory=lambda: f"sqlite:///{_data_dir() / 'inflight.db'}")
@@ -120,6 +131,10 @@ class Settings(BaseSettings):
     # the model id a worker serves (and announces; clients send it as `model`); None = the
     # name of the model folder (INFLIGHT_MODEL_PATH's, else the bundled model's)
     served_model_name: str | None = None
+    # what the worker's model does: "generate" (text), "embed" (vectors: EmbeddingEngine),
+    # or "auto": embed for a sentence-transformers folder (modules.json) or an encoder
+    # architecture (BERT), generate otherwise (`inflight worker --model-kind`)
+    model_kind: Literal["auto", "generate", "embed"] = "auto"
     # Several models in one deployment: the model whose workers read today's request
     # topics (inflight.requests, inflight.requests.batch) and which a request without a
     # `model` goes to; the others each read their own (transport/model_topics.py). None =
@@ -155,6 +170,11 @@ class Settings(BaseSettings):
     # INFLIGHT_SPECULATIVE_CONFIG='{"method": "ngram", "num_speculative_tokens": 4}'; the
     # engine checks the keys (engine/spec/config.py)
     speculative_config: str | None = engine_option()
+    # fair share between tenants within a priority class (None = the engine's default: on;
+    # false = first come, first served) and the tenants' weights as JSON, e.g.
+    # INFLIGHT_TENANT_WEIGHTS='{"team-a": 1, "team-b": 3}' (others weigh 1); docs/tenants.md
+    fair_share: bool | None = engine_option()
+    tenant_weights: str | None = engine_option()
     # LoRA adapters (engine/lora, docs/lora.md): slots resident at once (0 = none; None =
     # as many as worker_loras names), the largest rank, adapters kept read in host memory
     max_loras: int | None = engine_option()
@@ -185,9 +205,34 @@ class Settings(BaseSettings):
     # OpenAI's rule: every line of a batch file names the same model (off: a file may mix
     # models line by line, each line going to its model's batch topic)
     batch_one_model_per_file: bool = False
+    # --- pipelines: webhooks and the batch-events topic (docs/batch-jobs.md) -----------
+    # plain-http webhook endpoints are refused except to these hosts (comma-separated;
+    # https is always allowed; link-local and cloud-metadata addresses never are)
+    webhook_allow_hosts: str = ""
+    webhook_interval_s: float = 1.0        # period of the delivery task (the jobs worker)
+    webhook_timeout_s: float = 10.0        # one delivery attempt's HTTP timeout
+    webhook_retry_base_s: float = 5.0      # first retry after this; doubling each time
+    webhook_retry_max_s: float = 3600.0    # ... up to this
+    webhook_max_attempts: int = Field(default=10, ge=1)   # then the delivery is `failed`
+    # an endpoint is disabled (with the reason) after this many failed attempts in a row
+    webhook_disable_after: int = Field(default=30, ge=1)
+    topic_batch_events: str = "inflight.batch-events"   # batch state events, key = batch id
+    # file content (uploads, batch inputs and outputs) on object storage: s3://bucket/prefix
+    # (any S3-compatible store; credentials from the AWS_* environment). None: the database
+    files_url: str | None = None
+    files_s3_endpoint: str | None = None   # an S3-compatible store's URL (None: AWS's)
 
     # --- worker ----------------------------------------------------------------------
     worker_max_inflight: int = 64
+    # requests a worker reads ahead of those (they wait in the engine's queue, shown as
+    # running): fair share and deadlines choose among what the worker holds, so a small
+    # tenant's requests behind another's flood in the partitions are seen and served
+    # (docs/tenants.md); 0 = hold only worker_max_inflight
+    worker_read_ahead: int = Field(default=4096, ge=0)
+    # refuse (error `invalid_request`, field tenant) a Kafka request that names no tenant
+    require_tenant: bool = False
+    # per-tenant token counters carry a `tenant` label (cardinality: one series per tenant)
+    tenant_metrics: bool = False
     # create the worker's request topics (and the shared ones) at start when they are
     # missing, if the broker allows it (a refusal is logged; `inflight topics create --model`)
     worker_create_topics: bool = True
@@ -241,6 +286,25 @@ class Settings(BaseSettings):
     @classmethod
     def _speculative_json(cls, value: str | None) -> str | None:
         return speculative_json(value)
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _tenant_weights(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        import json
+
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"tenant_weights is not valid JSON ({exc}); give an object such "
+                             'as {"team-a": 1, "team-b": 3}') from None
+        if not isinstance(parsed, dict) or not all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) and 0 < w < float("inf")
+                for w in parsed.values()):
+            raise ValueError('tenant_weights: give a JSON object {"tenant": weight}, weights '
+                             "positive numbers")
+        return value
 
     @classmethod
     def engine_option_names(cls) -> list[str]:
@@ -308,6 +372,12 @@ class Settings(BaseSettings):
         entry of the default model says its real name (producers/models_client.py)."""
         return self.default_model or self.served_model_id()
 
+    def webhook_allowed_hosts(self) -> frozenset[str]:
+        """INFLIGHT_WEBHOOK_ALLOW_HOSTS as a set of lower-case host names / addresses."""
+        return frozenset(h.strip().lower().strip("[]") for h in self.webhook_allow_hosts.split(",")
+                         if h.strip())
+
     def topics(self) -> list[str]:
         return [self.topic_requests, self.topic_requests_batch, self.topic_results,
-                self.topic_results_tokens, self.topic_dlq, self.topic_cancel, self.topic_models]
+                self.topic_results_tokens, self.topic_dlq, self.topic_cancel, self.topic_models,
+                self.topic_batch_events]

@@ -13,6 +13,7 @@ from inflight.store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BAT
                           BatchRow, FileRow, RequestRow)
 from inflight.store.queries import Store, normalize_url
 from inflight.store.keys import ApiKeyRow  # registers api_keys on Base.metadata (migrations compare it)
+from inflight.store import webhook_models  # noqa: F401  (the same for the webhook tables)
 from inflight.store.rows import (FINISH_TO_STATUS, error_row, final_row, queued_row, running_row,
                         stand_in_rows)
 

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select, tuple_, update
 
 from inflight.schemas.errors import NotFoundError, StoreError
+from inflight.store.webhook_models import add_batch_event
 from inflight.store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BATCH_STATUSES, VALIDATING,
                           BatchRow, utcnow)
 
@@ -29,7 +30,8 @@ from inflight.store.models import (BATCH_FINAL_STATUSES, BATCH_PREDECESSORS, BAT
 _BATCH_FIELDS = {"endpoint", "input_file_id", "completion_window", "output_file_id",
                  "error_file_id", "errors", "meta", "request_total", "request_completed",
                  "request_failed", "request_cancelled", "request_expired", "lines_validated",
-                 "lines_enqueued", "expires_at", "owner"}
+                 "lines_enqueued", "expires_at", "owner", "output_expires_after", "parquet_source",
+                 "queued_tokens"}
 
 
 def _columns(fields: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +48,8 @@ class BatchQueries:
     def create_batch(self, batch_id: str, *, endpoint: str, input_file_id: str | None,
                      completion_window: str = "24h", expires_at: datetime | None = None,
                      metadata: dict[str, Any] | None = None, owner: str | None = None,
-                     status: str = VALIDATING) -> BatchRow:
+                     status: str = VALIDATING,
+                     output_expires_after: int | None = None) -> BatchRow:
         """Create a batch row (status `validating`); creating an existing id again returns
         the stored row unchanged."""
         if status not in BATCH_STATUSES:
@@ -57,6 +60,7 @@ class BatchQueries:
             id=batch_id, status=status, endpoint=endpoint, input_file_id=input_file_id,
             completion_window=completion_window, metadata=metadata, owner=owner,
             created_at=now, updated_at=now, expires_at=expires_at,
+            output_expires_after=output_expires_after,
         ).on_conflict_do_nothing(index_elements=[table.c.id])
         with self.session() as s:  # type: ignore[attr-defined]
             s.execute(stmt)
@@ -131,7 +135,13 @@ class BatchQueries:
         if to in BATCH_FINAL_STATUSES:
             cols.update(lease_owner=None, lease_until=None)
         with self.session() as s:  # type: ignore[attr-defined]
-            return s.execute(update(BatchRow.__table__).where(*cond).values(**cols)).rowcount == 1
+            moved = s.execute(update(BatchRow.__table__).where(*cond).values(**cols)).rowcount == 1
+            if moved and to in BATCH_FINAL_STATUSES:
+                # NOTE: the event is written by the UPDATE's own transaction (an outbox):
+                # no ended batch lacks its event, none has two (the move happens once)
+                owner = s.scalar(select(BatchRow.owner).where(BatchRow.id == batch_id))
+                add_batch_event(s, type=f"batch.{to}", batch_id=batch_id, owner=owner, at=now)
+            return moved
 
     def claim_batch(self, batch_id: str, owner: str, ttl_s: float, *,
                     or_owner: str | None = None) -> bool:

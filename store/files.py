@@ -18,6 +18,7 @@ import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import delete, select, tuple_, update
 
@@ -27,7 +28,8 @@ from inflight.store.models import (BATCH_FINAL_STATUSES, FILE_UPLOADED, FILE_UPL
 
 CHUNK_BYTES = 1 << 20  # 1 MiB per stored chunk
 
-FILE_PURPOSES = ("batch", "batch_output", "batch_errors")
+# batch_source: the Parquet table a batch was made from (its results carry its columns)
+FILE_PURPOSES = ("batch", "batch_output", "batch_errors", "batch_source")
 
 
 def new_file_id() -> str:
@@ -59,11 +61,17 @@ class FileQueries:
         digest, size, newlines, last = hashlib.sha256(), 0, 0, b""
         seq = 0
         buf = bytearray()
+        objects = getattr(self, "objects", None)
+        writer = objects.writer(fid) if objects is not None else None
+        location = None
 
         def flush(piece: bytes) -> None:
             nonlocal seq
-            with self.session() as s:  # type: ignore[attr-defined]
-                s.add(FileChunkRow(file_id=fid, seq=seq, data=piece))
+            if writer is not None:
+                writer.write(piece)   # parts of a multipart upload (store.object_files)
+            else:
+                with self.session() as s:  # type: ignore[attr-defined]
+                    s.add(FileChunkRow(file_id=fid, seq=seq, data=piece))
             seq += 1
             if progress is not None:
                 progress(len(piece))
@@ -82,7 +90,11 @@ class FileQueries:
                     del buf[:CHUNK_BYTES]
             if buf:
                 flush(bytes(buf))
+            if writer is not None:
+                location = writer.finish()
         except BaseException as exc:
+            if writer is not None:
+                writer.abort()
             # the source failed (a broken upload, a writer that lost its batch): no half file
             gone = isinstance(exc, StoreError) and not self._file_row(fid)
             self.delete_file(fid)
@@ -93,11 +105,15 @@ class FileQueries:
         with self.session() as s:  # type: ignore[attr-defined]
             done = s.execute(update(FileRow).where(
                 FileRow.id == fid, FileRow.status == FILE_UPLOADING).values(
-                status=FILE_UPLOADED, bytes=size, line_count=lines, sha256=digest.hexdigest()))
+                status=FILE_UPLOADED, bytes=size, line_count=lines, sha256=digest.hexdigest(),
+                location=location))
         if done.rowcount != 1:  # the sweep took it for a dead writer's (reclaim_uploads)
             self.delete_file(fid)
             raise _reclaimed(fid)
-        return self.require_file(fid)
+        row = self.get_file(fid, expired=True)
+        if row is None:
+            raise NotFoundError(f"file {fid!r} was deleted while it was being written")
+        return row
 
     def _file_row(self, file_id: str) -> bool:
         with self.session() as s:  # type: ignore[attr-defined]
@@ -123,10 +139,26 @@ class FileQueries:
                     gone.append(fid)
         return gone
 
-    def get_file(self, file_id: str) -> FileRow | None:
+    def get_file(self, file_id: str, *, expired: bool = False) -> FileRow | None:
+        """An uploaded file not past its expires_at (`expired`: even one past it; the sweep
+        deletes them)."""
         with self.session() as s:  # type: ignore[attr-defined]
             row = s.get(FileRow, file_id)
-            return row if row is not None and row.status == FILE_UPLOADED else None
+            if row is None or row.status != FILE_UPLOADED:
+                return None
+            if not expired and row.expires_at is not None and row.expires_at <= utcnow():
+                return None
+            return row
+
+    def delete_expired_files(self, limit: int = 1000) -> list[str]:
+        """Delete files past their expires_at (`expires_after` of an upload, a batch's
+        `output_expires_after`), each in its own transaction; their ids. The sweeps call it
+        (the API's upload sweep, the jobs worker's batch sweep)."""
+        with self.session() as s:  # type: ignore[attr-defined]
+            ids = list(s.scalars(select(FileRow.id).where(FileRow.expires_at.is_not(None),
+                                                          FileRow.expires_at <= utcnow())
+                                 .limit(limit)))
+        return [fid for fid in ids if self.delete_file(fid)]
 
     def require_file(self, file_id: str) -> FileRow:
         row = self.get_file(file_id)
@@ -159,8 +191,12 @@ class FileQueries:
             return list(s.scalars(q.order_by(*by).limit(limit)).all())
 
     def iter_file(self, file_id: str) -> Iterator[bytes]:
-        """The file's content, one stored chunk (<= CHUNK_BYTES) at a time."""
-        self.require_file(file_id)
+        """The file's content, one stored chunk (<= CHUNK_BYTES) at a time (from object
+        storage: the object's body, streamed)."""
+        row = self.require_file(file_id)
+        if row.location is not None:
+            yield from self._objects().read(row.location)
+            return
         seq = 0
         while True:
             with self.session() as s:  # type: ignore[attr-defined]
@@ -198,5 +234,20 @@ class FileQueries:
     def delete_file(self, file_id: str) -> bool:
         """Remove a file and its content; False if there was none."""
         with self.session() as s:  # type: ignore[attr-defined]
+            location = s.scalar(select(FileRow.location).where(FileRow.id == file_id))
             s.execute(delete(FileChunkRow).where(FileChunkRow.file_id == file_id))
-            return s.execute(delete(FileRow).where(FileRow.id == file_id)).rowcount == 1
+            gone = s.execute(delete(FileRow).where(FileRow.id == file_id)).rowcount == 1
+        if location is not None:
+            self._objects().delete(location)
+        return gone
+
+    def _objects(self) -> Any:
+        """The object store of INFLIGHT_FILES_URL (or, for a file written while it was set,
+        one reaching the file's bucket with the same endpoint)."""
+        objects = getattr(self, "objects", None)
+        if objects is None:
+            from inflight.store.object_files import ObjectFiles
+
+            objects = self.objects = ObjectFiles(  # type: ignore[attr-defined]
+                "s3://_/", endpoint=getattr(self, "files_endpoint", None))
+        return objects

@@ -8,8 +8,9 @@ A revoked key keeps its row (revoked_at set) so `inflight keys list` can still s
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import String, select, update
+from sqlalchemy import BigInteger, Boolean, String, false, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
 from inflight.store.models import OWNER_LEN, Base, utcnow
@@ -27,6 +28,13 @@ class ApiKeyRow(Base):
     secret_hash: Mapped[str] = mapped_column(String(256))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None]
+    # limits (None = none), counted over the owner's requests (api/rate_limits.py)
+    rpm: Mapped[int | None] = mapped_column(BigInteger)
+    tpm: Mapped[int | None] = mapped_column(BigInteger)
+    max_concurrent: Mapped[int | None] = mapped_column(BigInteger)
+    max_queued_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    # sees every owner's usage (GET /v1/usage)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     @property
     def revoked(self) -> bool:
@@ -36,9 +44,13 @@ class ApiKeyRow(Base):
         return f"ApiKeyRow(id={self.id!r}, name={self.name!r}, owner={self.owner!r})"
 
 
-def insert_key(store: Store, *, key_id: str, name: str, owner: str, secret_hash: str) -> ApiKeyRow:
+LIMIT_COLUMNS = ("rpm", "tpm", "max_concurrent", "max_queued_tokens")
+
+
+def insert_key(store: Store, *, key_id: str, name: str, owner: str, secret_hash: str,
+               admin: bool = False, **limits: int | None) -> ApiKeyRow:
     row = ApiKeyRow(id=key_id, name=name, owner=owner, secret_hash=secret_hash,
-                    created_at=utcnow())
+                    created_at=utcnow(), admin=admin, **limits)
     with store.session() as s:
         s.add(row)
     return row
@@ -47,6 +59,22 @@ def insert_key(store: Store, *, key_id: str, name: str, owner: str, secret_hash:
 def get_key(store: Store, key_id: str) -> ApiKeyRow | None:
     with store.session() as s:
         return s.get(ApiKeyRow, key_id)
+
+
+def update_key(store: Store, key_id: str, **values: Any) -> ApiKeyRow | None:
+    """Set limits (LIMIT_COLUMNS; None clears one) or `admin` of a key; None if unknown."""
+    bad = set(values) - set(LIMIT_COLUMNS) - {"admin"}
+    if bad:
+        raise ValueError(f"not a key setting: {sorted(bad)}")
+    if values:
+        with store.session() as s:
+            s.execute(update(ApiKeyRow).where(ApiKeyRow.id == key_id).values(**values))
+    return get_key(store, key_id)
+
+
+def key_state(store: Store, key_id: str) -> ApiKeyRow | None:
+    """The key's row as it is now (the cached key's periodic re-check: revocation, limits)."""
+    return get_key(store, key_id)
 
 
 def key_revoked(store: Store, key_id: str) -> bool:

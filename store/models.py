@@ -23,7 +23,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, ForeignKey, Integer,
+from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, ForeignKey, Index, Integer,
                         LargeBinary, String, Text, TypeDecorator)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -101,7 +101,12 @@ class Base(DeclarativeBase):
 
 class RequestRow(Base):
     __tablename__ = "requests"
-    __table_args__ = (_status_check("ck_requests_status"),)
+    # ix_requests_batch_updated: a running batch's finished lines in the order they were
+    # written (partial results, producers.batch_partial); ix_requests_owner_created_at: the
+    # limits' window (api/rate_limits.py), an owner's recent requests
+    __table_args__ = (_status_check("ck_requests_status"),
+                      Index("ix_requests_batch_updated", "batch_id", "updated_at", "id"),
+                      Index("ix_requests_owner_created_at", "owner", "created_at"))
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)  # = request_id
     batch_id: Mapped[str | None] = mapped_column(String(ID_LEN), index=True)
@@ -110,6 +115,11 @@ class RequestRow(Base):
     # the model the request named (resolved by the router), then the one that ran it (the
     # final event's: the worker's served model id)
     model: Mapped[str | None] = mapped_column(String(MODEL_LEN), index=True)
+    # who it is for (InferenceRequest.tenant: the key's owner on the HTTP API)
+    tenant: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)
+    # its token charge: prompt (estimated) + max_tokens when filed by the API, the real
+    # prompt + completion tokens once final (tokens-per-minute limits read it)
+    tokens: Mapped[int | None] = mapped_column(BigInteger)
     status: Mapped[str] = mapped_column(String(16), index=True)
     priority: Mapped[int | None] = mapped_column(Integer)
     prompt: Mapped[Any | None] = mapped_column(JSONType)  # str | chat messages | {"prompt_token_ids"}
@@ -121,6 +131,8 @@ class RequestRow(Base):
     timings: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     logprobs: Mapped[Any | None] = mapped_column(JSONType)
     tool_calls: Mapped[Any | None] = mapped_column(JSONType)  # OpenAI's message.tool_calls
+    # an embedding request's vector: float32 little-endian bytes (schemas/embeddings.py)
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
     error: Mapped[str | None] = mapped_column(Text)
     error_code: Mapped[str | None] = mapped_column(String(64))
     # admissions of the request by a worker (its status events), counted once each: a
@@ -128,6 +140,8 @@ class RequestRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     attempt_started_at: Mapped[datetime | None]
     worker: Mapped[str | None] = mapped_column(String(256))
+    # the W3C trace id of its traceparent header (32 hex digits; docs/tracing.md)
+    trace_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
@@ -168,9 +182,17 @@ class BatchRow(Base):
     request_failed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     request_cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     request_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # prompt (estimated) + max_tokens of its valid lines: what counts against its owner's
+    # queued-token limit while it is not final
+    queued_tokens: Mapped[int | None] = mapped_column(BigInteger)
     # progress of the validate-and-enqueue task: input lines checked, lines published
     lines_validated: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lines_enqueued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # seconds after created_at at which its output and error files expire (None: never)
+    output_expires_after: Mapped[int | None] = mapped_column(Integer)
+    # a batch made from a Parquet table: {"file_id" (the table, purpose batch_source),
+    # "prompt_column", "id_column"} (producers.batch_parquet)
+    parquet_source: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     # a sweeper's claim on the batch (finalize / expire / cancel work): see claim_batch
     lease_owner: Mapped[str | None] = mapped_column(String(OWNER_LEN))
     lease_until: Mapped[datetime | None]
@@ -225,6 +247,9 @@ class FileRow(Base):
     owner: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime | None]
+    # where the content is: s3://bucket/key on object storage (INFLIGHT_FILES_URL), NULL
+    # for `file_chunks` (store.object_files)
+    location: Mapped[str | None] = mapped_column(Text)
 
     def __repr__(self) -> str:
         return f"FileRow(id={self.id!r}, filename={self.filename!r}, bytes={self.bytes})"

@@ -27,7 +27,7 @@ VIEW_COLUMNS = (RequestRow.id, RequestRow.owner, RequestRow.status, RequestRow.b
                 RequestRow.finish_reason, RequestRow.usage, RequestRow.timings, RequestRow.error,
                 RequestRow.error_code, RequestRow.worker, RequestRow.attempts,
                 RequestRow.created_at, RequestRow.started_at, RequestRow.finished_at,
-                RequestRow.logprobs, RequestRow.tool_calls, RequestRow.model)
+                RequestRow.logprobs, RequestRow.tool_calls, RequestRow.model, RequestRow.embedding)
 # NOTE: built once. Building a select per call costs more CPU than the query itself
 # (SQLAlchemy derives the statement's cache key on each new object).
 _VIEW_BY_ID = select(*VIEW_COLUMNS).where(RequestRow.id == bindparam("rid"))

@@ -46,7 +46,8 @@ from inflight.store.urls import normalize_url, redact
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
 _REQUEST_COLUMN_SET = frozenset(_REQUEST_COLUMNS)
 _KEEP_ON_CONFLICT = {"id", "created_at"}
-_FILL_ONLY = ("prompt", "params", "batch_id", "priority", "custom_id", "owner")
+_FILL_ONLY = ("prompt", "params", "batch_id", "priority", "custom_id", "owner", "trace_id",
+              "tenant")
 UPSERT_CHUNK = 500  # rows per INSERT statement (SQLite caps bound parameters)
 PG_UPSERT_CHUNK = 5000  # rows per INSERT statement on Postgres (its parameters are arrays)
 
@@ -55,7 +56,7 @@ PG_UPSERT_CHUNK = 5000  # rows per INSERT statement on Postgres (its parameters 
 # and their array types (text, not varchar(n): an explicit cast to varchar(n) would cut a
 # long value silently, where the insert into the column refuses it)
 _UNNEST_COLUMNS = {"id": "text", "batch_id": "text", "custom_id": "text", "owner": "text",
-                   "model": "text",
+                   "model": "text", "tenant": "text", "tokens": "bigint",
                    "status": "text", "priority": "integer", "attempts": "integer",
                    "created_at": "timestamptz", "updated_at": "timestamptz"}
 
@@ -122,8 +123,16 @@ class Store(BatchQueries, FileQueries):
     `Store(url, create=True)` runs the Alembic migrations first (tests, embedded SQLite)."""
 
     def __init__(self, url: str, *, create: bool = False, echo: bool = False,
-                 pre_ping: bool = True):
+                 pre_ping: bool = True, files_url: str | None = None,
+                 files_endpoint: str | None = None):
+        """`files_url`: s3://bucket/prefix for file content (store.object_files)."""
         self.url = normalize_url(url)
+        self.files_endpoint = files_endpoint
+        self.objects = None
+        if files_url:
+            from inflight.store.object_files import ObjectFiles
+
+            self.objects = ObjectFiles(files_url, endpoint=files_endpoint)
         # pre_ping=False saves a round trip per checkout (the HTTP API's polls); a
         # connection found dead then fails one statement and the pool is invalidated.
         kwargs: dict[str, Any] = {"pool_pre_ping": pre_ping, "echo": echo}
@@ -150,11 +159,13 @@ class Store(BatchQueries, FileQueries):
             upgrade(self.url, quiet=True)
 
     @classmethod
-    def embedded(cls, url: str, *, pre_ping: bool = True) -> "Store":
+    def embedded(cls, url: str, *, pre_ping: bool = True, files_url: str | None = None,
+                 files_endpoint: str | None = None) -> "Store":
         """The embedded default: a SQLite file is created and migrated on first use (a
         Postgres URL is not — production databases are migrated by `inflight db upgrade`)."""
         norm = normalize_url(url)
-        return cls(norm, create=make_url(norm).get_backend_name() == "sqlite", pre_ping=pre_ping)
+        return cls(norm, create=make_url(norm).get_backend_name() == "sqlite", pre_ping=pre_ping,
+                   files_url=files_url, files_endpoint=files_endpoint)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -384,7 +395,7 @@ class Store(BatchQueries, FileQueries):
             return {}
         t = RequestRow.__table__.c
         cols = (t.id, t.status, t.output, t.finish_reason, t.usage, t.error, t.error_code,
-                t.finished_at, t.tool_calls)
+                t.finished_at, t.tool_calls, t.embedding)
         if self.dialect == "postgresql":  # one array parameter, not a thousand binds
             cond = t.id == any_(bindparam("ids", ids, type_=postgresql.ARRAY(String)))
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import datetime, timezone
 from typing import Any
 
@@ -13,7 +14,8 @@ from inflight.schemas.requests import InferenceRequest
 from inflight.store.models import CANCELLED, COMPLETED, EXPIRED, FAILED, QUEUED, RUNNING
 
 # engine finish reason -> final request status
-FINISH_TO_STATUS = {"stop": COMPLETED, "length": COMPLETED, "abort": CANCELLED, "error": FAILED}
+FINISH_TO_STATUS = {"stop": COMPLETED, "length": COMPLETED, "abort": CANCELLED, "error": FAILED,
+                    "expired": EXPIRED}
 _ERROR_CODE_TO_STATUS = {ERR_CANCELLED: CANCELLED, ERR_EXPIRED: EXPIRED}
 
 
@@ -38,7 +40,7 @@ def queued_row(req: InferenceRequest, model: str | None = None) -> dict[str, Any
                                  req.tool_choice is None else req.tool_choice.model_dump(mode="json"))
     return {"id": req.request_id, "batch_id": req.batch_id, "status": QUEUED,
             "model": req.model or model, "priority": req.priority, "prompt": req.prompt_json(),
-            "params": params,
+            "params": params, "tenant": req.tenant,
             "created_at": _ts(req.submitted_at)}
 
 
@@ -57,12 +59,14 @@ def final_row(event: FinalEvent) -> dict[str, Any]:
     return {"id": event.request_id, "batch_id": event.batch_id,
             "status": FINISH_TO_STATUS[event.finish_reason], "output": event.text,
             "output_token_ids": list(event.token_ids), "finish_reason": event.finish_reason,
-            "usage": event.usage.model_dump(mode="json"),
+            "usage": event.usage.model_dump(mode="json"), "tenant": event.tenant,
+            "tokens": event.usage.prompt_tokens + event.usage.completion_tokens,
             "timings": t.model_dump(mode="json"), "worker": event.worker, "model": event.model,
             "started_at": _ts(t.scheduled_at if t.scheduled_at is not None else t.queued_at),
             "finished_at": _ts(t.finished_at), "logprobs": logprobs_column(event),
             "tool_calls": (None if event.tool_calls is None
-                           else [c.model_dump(mode="json") for c in event.tool_calls])}
+                           else [c.model_dump(mode="json") for c in event.tool_calls]),
+            "embedding": None if event.embedding is None else base64.b64decode(event.embedding)}
 
 
 def logprobs_column(event: FinalEvent) -> dict[str, Any] | None:
@@ -84,6 +88,7 @@ def error_row(event: ErrorEvent, *, now: float | None = None) -> dict[str, Any]:
     return {"id": event.request_id, "batch_id": event.batch_id, "status": status,
             "finish_reason": "error" if status == FAILED else "abort", "error": event.message,
             "error_code": event.code, "worker": event.worker, "model": event.model,
+            "tenant": event.tenant,
             "finished_at": _ts(now) if now is not None else datetime.now(timezone.utc)}
 
 
@@ -99,7 +104,7 @@ def stand_in_rows(row: dict[str, Any], reason: str) -> list[dict[str, Any]]:
     status = row["status"]
     if status in (QUEUED, RUNNING):
         identity = ("id", "status", "batch_id", "priority", "custom_id", "owner", "created_at",
-                    "model")
+                    "model", "tenant", "tokens")
         return [{k: row.get(k) for k in identity},
                 {"id": row["id"], "status": status}]
     final_status = FAILED if status == COMPLETED else status
@@ -110,7 +115,7 @@ def stand_in_rows(row: dict[str, Any], reason: str) -> list[dict[str, Any]]:
             "finish_reason": "error" if final_status == FAILED else row.get("finish_reason"),
             "error": message, "error_code": ERR_STORE_REJECTED,
             "finished_at": row.get("finished_at") or datetime.now(timezone.utc)}
-    keep = ("batch_id", "worker", "usage", "timings", "started_at", "model")
+    keep = ("batch_id", "worker", "usage", "timings", "started_at", "model", "tenant", "tokens")
     return [bare | {k: row.get(k) for k in keep}, bare]
 
 

@@ -14,7 +14,10 @@ def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -
 
     tag = uuid.uuid4().hex[:8]
     overrides = {"kafka_session_timeout_ms": 2000,  # Tansu: a group join takes about half
-                 "kafka_heartbeat_interval_ms": 500, **overrides}
+                 "kafka_heartbeat_interval_ms": 500,
+                 # INFLIGHT_WORKER_MAX_INFLIGHT is the whole bound in tests (backpressure,
+                 # in-flight peaks); tests of fair share set a read-ahead of their own
+                 "worker_read_ahead": 0, **overrides}
     s = Settings(
         kafka_bootstrap=broker.bootstrap,
         topic_requests=f"t{tag}.requests",
@@ -24,6 +27,7 @@ def make_settings(broker, database_url: str, partitions: int = 2, **overrides) -
         topic_dlq=f"t{tag}.requests.dlq",
         topic_cancel=f"t{tag}.cancel",
         topic_models=f"t{tag}.models",
+        topic_batch_events=f"t{tag}.batch-events",
         worker_group=f"t{tag}-workers",
         recorder_group=f"t{tag}-recorder",
         database_url=database_url,

@@ -28,7 +28,9 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 # Read by the tests and benchmark scripts, not by the service (docs/configuration.md says so).
 NOT_SETTINGS = {"INFLIGHT_TEST_POSTGRES", "INFLIGHT_TEST_POSTGRES_URL", "INFLIGHT_TEST_REDIS",
                 "INFLIGHT_TEST_REDIS_URL", "INFLIGHT_BENCH_PROFILE", "INFLIGHT_TEST_DEVICE",
-                "INFLIGHT_TEST_DTYPE"}
+                "INFLIGHT_TEST_DTYPE",
+                # where kernels/cpu_native.py keeps its C++ build: a cache path, not a service setting
+                "INFLIGHT_KERNELS_CACHE"}
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 SPAN = re.compile(r"`([^`\n]+)`")
 METRIC = re.compile(r"\b((?:vllm:|inflight_)[a-zA-Z0-9_:]+)")

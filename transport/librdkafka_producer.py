@@ -145,14 +145,15 @@ class RdProducer:
         return fut
 
     def send_untracked(self, topic: str, key: bytes | None, value: bytes,
-                       partition: int | None, on_error: Callable[[BaseException], None]) -> None:
+                       partition: int | None, on_error: Callable[[BaseException], None],
+                       headers: list[tuple[str, bytes]] | None = None) -> None:
         """Send without tracking: `on_error(exc)` runs (in poll_acks) only if it fails."""
         report = self._on_error.get(on_error)
         if report is None:
             def report(err: Any, _msg: Any) -> None:
                 on_error(kafka_error(err))
             self._on_error[on_error] = report
-        self._produce(self._fire, topic, key, value, partition, report, None)
+        self._produce(self._fire, topic, key, value, partition, report, headers)
 
     def _produce(self, p: Any, topic: str, key: bytes | None, value: bytes | None,
                  partition: int | None, report: Any, headers: Any) -> None:

@@ -21,7 +21,9 @@ from typing import Any
 from inflight.schemas.codec import encode
 from inflight.schemas.registry import ModelRecord
 from inflight.schemas.settings import Settings
+from inflight.schemas.headers import message_headers
 
+_HEADERS = message_headers()  # content-type, schema-version (schemas/headers.py)
 log = logging.getLogger("inflight.registry")
 
 WITHDRAW_TIMEOUT_S = 5.0
@@ -67,7 +69,8 @@ class RegistryAnnouncer:
 
     def _send(self, key: bytes, value: bytes | None) -> None:
         try:
-            self._producer.produce(self.topic, value, key, on_delivery=self._delivered)
+            self._producer.produce(self.topic, value, key, on_delivery=self._delivered,
+                                   headers=_HEADERS)
             self.sent += 1
         except Exception as exc:  # noqa: BLE001 - BufferError & co: never fatal to the worker
             self._failed(exc)

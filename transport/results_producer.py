@@ -3,7 +3,7 @@ the two that do it (INFLIGHT_KAFKA_WORKER_PRODUCER).
 
     send(topic, key, value, headers, partition) -> SendFuture   tracked: final events, DLQ
                         copies (callbacks and errbacks only enqueue: they may run on any thread)
-    send_untracked(topic, key, value, partition, on_error)      token deltas, status events:
+    send_untracked(topic, key, value, partition, on_error, headers)  token deltas, status events:
                         on_error(exc) runs inside poll_acks, on the caller's thread, and only
                         if the send failed
     poll_acks(timeout)  run what is due (librdkafka's delivery reports; failed untracked sends)
@@ -46,7 +46,8 @@ class ResultsProducer(Protocol):
              headers: list[tuple[str, bytes]] | None = None,
              partition: int | None = None) -> SendFuture: ...
     def send_untracked(self, topic: str, key: bytes | None, value: bytes,
-                       partition: int | None, on_error: OnError) -> None: ...
+                       partition: int | None, on_error: OnError,
+                       headers: list[tuple[str, bytes]] | None = None) -> None: ...
     def poll_acks(self, timeout: float = 0.0) -> int: ...
     def partitions_for(self, topic: str) -> set[int] | None: ...
     def flush(self, timeout: float | None = None) -> None: ...
@@ -79,8 +80,10 @@ class KafkaPythonResults:
                                   partition=partition)
 
     def send_untracked(self, topic: str, key: bytes | None, value: bytes,
-                       partition: int | None, on_error: OnError) -> None:
-        fut = self.producer.send(topic, key=key, value=value, partition=partition)
+                       partition: int | None, on_error: OnError,
+                       headers: list[tuple[str, bytes]] | None = None) -> None:
+        fut = self.producer.send(topic, key=key, value=value, partition=partition,
+                                 headers=headers)
         fut.add_errback(lambda exc: self._failed.put((on_error, exc)))
 
     def poll_acks(self, timeout: float = 0.0) -> int:

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inflight.schemas.batch import CHAT_URL, COMPLETIONS_URL
+from inflight.schemas.batch import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
 
 Window = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}[smhd]$",
                               description="how long the batch may take, e.g. 24h (N s|m|h|d)")]
@@ -16,12 +16,22 @@ Metadata = Annotated[dict[Annotated[str, Field(max_length=64)],
                           Annotated[str, Field(max_length=512)]], Field(max_length=16)]
 
 
+class ExpiresAfter(BaseModel):
+    """OpenAI's expiry policy: the output files expire `seconds` after the batch's creation."""
+    model_config = ConfigDict(extra="forbid")
+    anchor: Literal["created_at"]
+    seconds: Annotated[int, Field(ge=1, le=2_592_000)]
+
+
 class CreateBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input_file_id: Annotated[str, Field(min_length=1, max_length=128)]
-    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
     completion_window: Window = "24h"
     metadata: Metadata | None = None
+    output_expires_after: ExpiresAfter | None = None
+
+
 
 
 class BatchError(BaseModel):
@@ -64,6 +74,7 @@ class BatchObject(BaseModel):
     cancelled_at: int | None
     request_counts: RequestCounts
     metadata: dict[str, Any] | None
+    output_expires_after: ExpiresAfter | None = None
     x_progress: dict[str, int] = Field(description="validate/enqueue progress and the "
                                                    "cancelled/expired request counts")
 
@@ -115,4 +126,4 @@ class MessageBatchList(BaseModel):
     last_id: str | None
 
 
-OPENAI_ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
+OPENAI_ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)

@@ -51,12 +51,17 @@ class SubmitRequest(BaseModel):
                                   "come back as the result's tool_calls")
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    timeout: float | None = Field(default=None, gt=0, description="seconds from submit: not "
+                                  "done by then, it ends `expired` (not started: without "
+                                  "running; running: with what it produced)")
+    deadline: float | None = Field(default=None, ge=0, description="the same as an absolute "
+                                   "time (epoch seconds)")
 
     def to_wire(self, request_id: str, max_prompt_chars: int) -> InferenceRequest:
         """The wire request (raises SchemaError naming the field, e.g. two inputs given)."""
         fields: dict[str, Any] = {"request_id": request_id, "priority": self.priority}
         for name in ("prompt", "messages", "prompt_token_ids", "params", "metadata", "stream",
-                     "tools", "tool_choice", "parallel_tool_calls"):
+                     "tools", "tool_choice", "parallel_tool_calls", "timeout", "deadline"):
             value = getattr(self, name)
             if value is not None:
                 fields[name] = value
@@ -107,6 +112,7 @@ class RequestObject(BaseModel):
     tool_calls: list[dict[str, Any]] | None = Field(default=None, description="a request "
                                                     "with tools: the calls its answer made "
                                                     "(OpenAI's message.tool_calls)")
+    tenant: str | None = Field(default=None, description="who it is for (the key's owner)")
 
 
 def _epoch(value: datetime | None) -> float | None:
@@ -131,7 +137,8 @@ def request_object(row: Any) -> dict[str, Any]:
             "priority": row.priority, "text": row.output, "token_ids": row.output_token_ids,
             "finish_reason": row.finish_reason, "usage": usage, "timings": row.timings,
             "error": error, "worker": row.worker, "attempts": row.attempts or 0,
-            "model": row.model, "logprobs": row.logprobs, "tool_calls": row.tool_calls}
+            "model": row.model, "logprobs": row.logprobs, "tool_calls": row.tool_calls,
+            "tenant": getattr(row, "tenant", None)}
 
 
 def queued_object(req: InferenceRequest, model: str | None = None) -> dict[str, Any]:
@@ -142,4 +149,4 @@ def queued_object(req: InferenceRequest, model: str | None = None) -> dict[str, 
             "batch_id": req.batch_id, "priority": req.priority, "text": None,
             "token_ids": None, "finish_reason": None, "usage": None, "timings": None,
             "error": None, "worker": None, "attempts": 0, "model": req.model or model,
-            "logprobs": None, "tool_calls": None}
+            "logprobs": None, "tool_calls": None, "tenant": req.tenant}

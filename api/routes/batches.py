@@ -4,6 +4,7 @@
     GET  /v1/batches[?after=&limit=]   newest first, OpenAI's cursor paging
     GET  /v1/batches/{batch_id}
     POST /v1/batches/{batch_id}/cancel
+    GET  /v1/batches/{batch_id}/results[?after=&limit=]   finished lines so far (JSONL)
 
 Creating files the batch row under the caller, then sends the validate-and-enqueue task;
 the batch moves on its own (validating -> in_progress -> finalizing -> completed) and its
@@ -12,11 +13,11 @@ output/error files are read at GET /v1/files/{id}/content.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from anyio import to_thread
 from fastapi import APIRouter, Path, Query
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx, owns
@@ -63,7 +64,9 @@ async def create_batch(body: CreateBatch, ctx: Ctx, caller: Caller) -> Response:
     row = await ctx.db(lambda: batch_jobs.create_batch(
         ctx.store, input_file_id=body.input_file_id, endpoint=body.endpoint,
         completion_window=body.completion_window, metadata=body.metadata,
-        owner=caller.owner))
+        owner=caller.owner,
+        output_expires_after=body.output_expires_after.model_dump()
+        if body.output_expires_after else None))
     await start(ctx, row.id)
     return json_response(batch_jobs.batch_object(row))
 
@@ -89,8 +92,65 @@ async def list_batches(ctx: Ctx, caller: Caller,
 
 @router.get("/{batch_id}", response_model=BatchObject, summary="A batch")
 async def retrieve_batch(batch_id: BatchId, ctx: Ctx, caller: Caller) -> Response:
-    return json_response(batch_jobs.batch_object(
-        await owned_batch(ctx, caller, batch_id, OPENAI_ENDPOINTS)))
+    row = await owned_batch(ctx, caller, batch_id, OPENAI_ENDPOINTS)
+    if not row.is_final and row.in_progress_at is not None:
+        # request_counts exact at every moment: counted now (one GROUP BY on the index)
+        row = await ctx.db(batch_jobs.live_counts, ctx.store, row)
+    return json_response(batch_jobs.batch_object(row))
+
+
+@router.get("/{batch_id}/results", summary="The finished lines so far (JSONL), resumable",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"application/jsonl": {}},
+                             "description": "one output/error line per finished request; "
+                                            "headers x-next-after (the cursor to resume "
+                                            "from) and x-has-more"}})
+async def batch_results(batch_id: BatchId, ctx: Ctx, caller: Caller,
+                        after: Annotated[str | None, Query(max_length=600)] = None,
+                        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+                        format: Annotated[Literal["jsonl", "parquet"], Query()] = "jsonl",
+                        ) -> Response:
+    """Lines of the requests finished so far, in the order they were recorded (each the
+    line the output or error file will hold); read again with `after` = x-next-after.
+    `format=parquet`: every request of the batch as one Parquet table (the input table's
+    columns for a Parquet batch, plus status, text, finish_reason, usage and error)."""
+    from inflight.producers.batch_partial import read_page
+
+    row = await owned_batch(ctx, caller, batch_id, OPENAI_ENDPOINTS)
+    if format == "parquet":
+        return await _parquet_results(ctx, row)
+    page = await ctx.db(lambda: read_page(ctx.store, row, after=after, limit=limit,
+                                          default_model=ctx.settings.served_model_id()))
+    headers = {"x-has-more": "true" if page.has_more else "false",
+               "x-batch-status": row.status}
+    if page.next_after:
+        headers["x-next-after"] = page.next_after
+    return StreamingResponse(iter([b"".join(x + b"\n" for x in page.lines)]),
+                             media_type="application/jsonl", headers=headers)
+
+
+async def _parquet_results(ctx: ApiContext, row: Any) -> Response:
+    """Written a row group at a time to a temporary file, then streamed from it."""
+    import tempfile
+
+    from inflight.producers.batch_parquet import write_results
+
+    tmp = tempfile.TemporaryFile(prefix="inflight-results-")
+    try:
+        await ctx.db(write_results, ctx.store, row, tmp)
+        tmp.seek(0)
+    except BaseException:
+        tmp.close()
+        raise
+
+    def chunks():
+        with tmp:
+            while piece := tmp.read(1 << 20):
+                yield piece
+
+    return StreamingResponse(chunks(), media_type="application/vnd.apache.parquet", headers={
+        "content-disposition": f'attachment; filename="{row.id}_results.parquet"',
+        "x-batch-status": row.status})
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchObject,

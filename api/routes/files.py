@@ -14,6 +14,7 @@ client told which cap and which line. Output and error files of batches are read
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Annotated, Literal
 from urllib.parse import quote
 
@@ -30,7 +31,9 @@ from inflight.api.responses import json_response
 from inflight.api.routing import ApiRoute
 from inflight.api.uploads import LineCaps
 from inflight.schemas.base import ID_RE
+from inflight.producers.batch_jobs import expiry_seconds
 from inflight.store import new_file_id
+from inflight.store.models import utcnow
 
 router = APIRouter(route_class=ApiRoute, prefix="/v1/files", tags=["files"],
                    responses=OPENAI_ERRORS)
@@ -41,10 +44,22 @@ UPLOAD_PURPOSES = ("batch",)
 
 @router.post("", response_model=FileObject, summary="Upload a batch input file (JSONL)")
 async def upload_file(ctx: Ctx, caller: Caller, file: Annotated[UploadFile, File()],
-                      purpose: Annotated[str, Form()]) -> Response:
+                      purpose: Annotated[str, Form()],
+                      expires_anchor: Annotated[str | None, Form(
+                          alias="expires_after[anchor]", description="created_at")] = None,
+                      expires_seconds: Annotated[str | None, Form(
+                          alias="expires_after[seconds]",
+                          description="the file expires this long after it was created")] = None,
+                      ) -> Response:
     if purpose not in UPLOAD_PURPOSES:
         raise APIError(400, f"purpose {purpose!r:.40}: upload batch input files with "
                             "purpose 'batch'", param="purpose")
+    expires_at = None
+    if expires_anchor is not None or expires_seconds is not None:
+        seconds = expiry_seconds({"anchor": expires_anchor, "seconds": int(expires_seconds)
+                                  if (expires_seconds or "").isdigit() else expires_seconds},
+                                 "expires_after")
+        expires_at = utcnow() + timedelta(seconds=seconds)
     fid, caps = new_file_id(), LineCaps(ctx.settings.api_max_upload_lines,
                                         ctx.settings.api_max_line_bytes)
     name = (file.filename or "upload.jsonl")[:512]
@@ -52,7 +67,8 @@ async def upload_file(ctx: Ctx, caller: Caller, file: Annotated[UploadFile, File
     def store_it():
         try:
             return ctx.store.create_file(caps.pieces(file.file), purpose="batch", filename=name,
-                                         owner=caller.owner, file_id=fid)
+                                         owner=caller.owner, file_id=fid,
+                                         expires_at=expires_at)
         except BaseException:
             ctx.store.delete_file(fid)  # nothing half-stored stays behind
             raise

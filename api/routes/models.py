@@ -33,6 +33,7 @@ class ModelObject(BaseModel):
     owned_by: str
     max_model_len: int | None = None
     parent: str | None = None
+    kind: Literal["generate", "embed"] = "generate"
 
 
 class ModelList(BaseModel):

@@ -25,7 +25,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from inflight.api.deps import Caller, Ctx, owns
 from inflight.api.errors import APIError, not_found
-from inflight.api.follow import routed
+from inflight.api.follow import for_owner, routed
+from inflight.api.rate_limits import admit
 from inflight.api.models.errors import OPENAI_ERRORS, SUBMIT_ERRORS
 from inflight.api.models.requests import RequestObject, SubmitRequest, queued_object, request_object
 from inflight.api.responses import json_response
@@ -50,8 +51,10 @@ PathId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$",
 async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
     rid = body.request_id or uuid.uuid4().hex
     route = ctx.models.resolve(body.model)
-    req = routed(body.to_wire(rid, ctx.settings.max_prompt_chars), route)
-    existing = await ctx.claims.claim(queued_row(req, route.name), caller.owner)
+    req = for_owner(routed(body.to_wire(rid, ctx.settings.max_prompt_chars), route), caller.owner)
+    row = queued_row(req, route.name)
+    row["tokens"] = admit(req)  # 429 when over the caller's limits (api/rate_limits.py)
+    existing = await ctx.claims.claim(row, caller.owner)
     if existing is not None:
         if caller.owner != existing.owner:  # another key's id (or a Kafka-only one)
             raise APIError(409, f"request_id {rid!r} is already in use; choose another",

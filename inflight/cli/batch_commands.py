@@ -90,7 +90,10 @@ def cmd_create(args: Any, settings: Settings) -> int:
         show = not args.json and sys.stderr.isatty() or args.progress
         b = client.create_batch(Path(args.file), endpoint=args.endpoint,
                                 completion_window=args.window,
-                                metadata=_metadata(args.metadata), progress=show)
+                                metadata=_metadata(args.metadata), progress=show,
+                                prompt_column=args.prompt_column, id_column=args.id_column,
+                                system=args.system, template=args.template,
+                                max_tokens=args.max_tokens, model=args.model)
         if not args.json:
             print(b.id, flush=True)
         if not args.no_wait:
@@ -151,7 +154,54 @@ def cmd_cancel(args: Any, settings: Settings) -> int:
         client.close()
 
 
+def cmd_partial(args: Any, settings: Settings) -> int:
+    """--partial: the lines of the requests finished so far (producers.batch_partial)."""
+    from inflight.producers.batch_partial import read_page
+
+    client = cli_io.client(settings)
+    fh = open(args.output, "wb") if args.output not in (None, "-") else sys.stdout.buffer
+    n, after = 0, args.after
+    try:
+        b = client.get_batch(args.id)
+        while True:
+            page = read_page(client.store, b, after=after,
+                             default_model=settings.served_model_id())
+            for line in page.lines:
+                fh.write(line + b"\n")
+            n += len(page.lines)
+            after = page.next_after
+            if not page.has_more:
+                break
+        fh.flush()
+        print(f"{b.id}: {b.status}, {n} finished lines written"
+              + (f"; resume with --partial --after {after}" if after else ""), file=sys.stderr)
+        return 0
+    finally:
+        if fh is not sys.stdout.buffer:
+            fh.close()
+        client.close()
+
+
+def cmd_results_parquet(args: Any, settings: Settings) -> int:
+    """-o out.parquet: the input table's columns (a Parquet batch) plus the response
+    columns, a row group at a time (producers.batch_parquet)."""
+    from inflight.producers.batch_parquet import write_results
+
+    client = cli_io.client(settings)
+    try:
+        b = client.get_batch(args.id)
+        n = write_results(client.store, b, args.output)
+        print(f"{b.id}: {b.status}, wrote {n} rows to {args.output}", file=sys.stderr)
+        return 0
+    finally:
+        client.close()
+
+
 def cmd_results(args: Any, settings: Settings) -> int:
+    if args.partial:
+        return cmd_partial(args, settings)
+    if args.output and args.output.lower().endswith(".parquet"):
+        return cmd_results_parquet(args, settings)
     client = cli_io.client(settings)
     try:
         b = client.get_batch(args.id)
@@ -201,13 +251,22 @@ def register(sub: Any) -> None:
     c = bsub.add_parser("create", help="upload a JSONL file and start a batch; prints its id")
     c.add_argument("file")
     c.add_argument("--endpoint", default="/v1/chat/completions",
-                   help="/v1/chat/completions | /v1/completions | /v1/messages (Anthropic)")
+                   help="/v1/chat/completions | /v1/completions | /v1/embeddings | /v1/messages (Anthropic)")
     c.add_argument("--window", default="24h", help="completion window, e.g. 24h, 90m")
     c.add_argument("--metadata", action="append", default=None, metavar="K=V")
     c.add_argument("--no-wait", action="store_true", help="return once the batch exists")
     c.add_argument("--progress", action="store_true", help="progress bars even without a terminal")
     c.add_argument("--timeout", type=float, default=3600.0)
     c.add_argument("--json", action="store_true")
+    c.add_argument("--prompt-column", default=None, help="a Parquet table (file.parquet): the "
+                   "column whose text is each row's prompt (one request per row)")
+    c.add_argument("--id-column", default=None, help="Parquet: the column carried through as "
+                   "custom_id (default: row-<n>)")
+    c.add_argument("--system", default=None, help="Parquet, chat: a system message for every row")
+    c.add_argument("--template", default=None, help="Parquet: the prompt, with {text} where "
+                   "the prompt column's text goes")
+    c.add_argument("--max-tokens", type=int, default=None, help="Parquet: max_tokens of every row")
+    c.add_argument("--model", default=None, help="Parquet: the model of every row")
     c.set_defaults(func=cmd_create, extra="jobs")
 
     s = bsub.add_parser("status", help="a batch's status, counts and files")
@@ -230,8 +289,12 @@ def register(sub: Any) -> None:
 
     r = bsub.add_parser("results", help="write an ended batch's output (and error) lines")
     r.add_argument("id")
-    r.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+    r.add_argument("-o", "--output", default=None, help="output file (default: stdout); "
+                   "*.parquet: the input table's columns plus the response columns")
     r.add_argument("--errors", default=None, help="also write the error file here")
+    r.add_argument("--partial", action="store_true", help="while it runs: the lines of the "
+                   "requests finished so far (output and error lines, in the order recorded)")
+    r.add_argument("--after", default=None, help="with --partial: resume after this cursor")
     r.set_defaults(func=cmd_results)
 
     j = sub.add_parser("jobs", help="run a Celery worker for batch jobs (with the periodic sweep)")

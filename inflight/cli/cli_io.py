@@ -32,4 +32,5 @@ def store(settings: Settings) -> Any:
     from inflight.store import Store
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    return Store.embedded(settings.database_url)
+    return Store.embedded(settings.database_url, files_url=settings.files_url,
+                          files_endpoint=settings.files_s3_endpoint)

@@ -87,7 +87,8 @@ def cmd_submit(args: Any, settings: Settings) -> int:
             return 2
         prompt = " ".join(args.prompt)
         kw: dict[str, Any] = {"request_id": args.id, "batch_id": args.batch_id,
-                              "model": args.model, "allow_unserved": args.allow_unserved}
+                              "model": args.model, "allow_unserved": args.allow_unserved,
+                              "tenant": args.tenant, "timeout": args.expire_after}
         if args.priority is not None:
             kw["priority"] = args.priority
         if args.chat:
@@ -118,7 +119,7 @@ def _submit_file(args: Any, client: Any) -> int:
                 bad += 1
                 print(f"{args.file}: {exc.message}", file=sys.stderr)
     ids = client.submit_many(reqs, progress=None if not args.json else False, model=args.model,
-                             allow_unserved=args.allow_unserved)
+                             allow_unserved=args.allow_unserved, tenant=args.tenant)
     cli_io.out(args, f"submitted {len(ids)} requests from {args.file}" + (f" ({bad} bad lines skipped)" if bad else ""),
          {"submitted": len(ids), "bad_lines": bad, "request_ids": ids})
     return 1 if bad else 0
@@ -226,6 +227,9 @@ def _add_worker_flags(w: Any) -> None:
                    help="the model id requests name (default: the folder's name); its "
                         "request topics and group are its own unless it is "
                         "INFLIGHT_DEFAULT_MODEL")
+    w.add_argument("--model-kind", dest="model_kind", default=None, choices=("auto", "generate", "embed"),
+                   help="embed: serve embeddings (default auto: a sentence-transformers folder "
+                        "or an encoder architecture embeds, others generate)")
     w.add_argument("--max-inflight", dest="worker_max_inflight", type=int, default=None)
     w.add_argument("--metrics-port", dest="metrics_port", type=int, default=None,
                    help="Prometheus /metrics port")
@@ -265,6 +269,10 @@ def _add_worker_flags(w: Any) -> None:
     w.add_argument("--speculative-config", dest="speculative_config", default=None, metavar="JSON",
                    help='speculative decoding with vLLM\'s keys, e.g. \'{"method": "ngram", '
                         '"num_speculative_tokens": 4}\'')
+    w.add_argument("--fair-share", dest="fair_share", default=None, metavar="BOOL",
+                   help="fair share between tenants within a priority class (true)")
+    w.add_argument("--tenant-weights", dest="tenant_weights", default=None, metavar="JSON",
+                   help='tenant weights, e.g. \'{"team-a": 1, "team-b": 3}\' (others: 1)')
 
 
 def _add_sampling(p: Any) -> None:
@@ -292,6 +300,11 @@ def register(sub: Any) -> None:
                         "with --file, for lines that name none")
     s.add_argument("--allow-unserved", action="store_true",
                    help="submit for a model no live worker serves yet (it waits in its topic)")
+    s.add_argument("--tenant", default=None, metavar="NAME",
+                   help="who the requests are for (fair share, usage; default INFLIGHT_TENANT)")
+    s.add_argument("--expire-after", dest="expire_after", type=float, default=None,
+                   metavar="SECONDS", help="the request's timeout: not done by then, it ends "
+                                           "`expired` (docs/tenants.md)")
     _add_sampling(s)
     c = s.add_mutually_exclusive_group()  # structured outputs (docs/structured-outputs.md)
     c.add_argument("--json-schema", metavar="FILE", default=None,

@@ -184,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     models_commands.register(sub)
     models_commands.register_lora(sub)  # lora load|unload|list
+    from inflight.cli import embed_commands  # embed FILE
+
+    embed_commands.register(sub)
+    from inflight.cli import webhook_commands  # webhooks add|list|rm|attempts
+
+    webhook_commands.register(sub)
     return p
 
 

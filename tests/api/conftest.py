@@ -81,7 +81,9 @@ def _stack(broker, tiny_model, tmp, database, celery_broker):
                              model_path=str(tiny_model), served_model_name="tiny",
                              celery_broker=celery_broker,
                              celery_queue=f"q-{uuid.uuid4().hex[:8]}",
-                             batch_sweep_interval_s=0.3, batch_lease_s=2.0)
+                             batch_sweep_interval_s=0.3, batch_lease_s=2.0,
+                             webhook_allow_hosts="127.0.0.1", webhook_interval_s=0.3,
+                             webhook_retry_base_s=0.3, webhook_retry_max_s=1.0)
     jobs = JobsProcess(settings, tmp / "jobs.log")  # starts while the worker joins its group
     service = Service(settings, tiny_engine(tiny_model))
     try:

@@ -250,11 +250,11 @@ class FlakyProducer:
             raise self.exc
         return self.real.send(topic, key=key, value=value, headers=headers, partition=partition)
 
-    def send_untracked(self, topic, key, value, partition, on_error):
+    def send_untracked(self, topic, key, value, partition, on_error, headers=None):
         if self.left and self.match(topic, key, value):
             self.left -= 1
             raise self.exc
-        self.real.send_untracked(topic, key, value, partition, on_error)
+        self.real.send_untracked(topic, key, value, partition, on_error, headers)
 
     def __getattr__(self, name):
         return getattr(self.real, name)

@@ -115,3 +115,19 @@ def test_preempted_too_often_fails():
     outs = run(s, [a, b])
     failed = [r for o in outs for r in o.failed]
     assert failed == [b] and a.num_output_tokens == 8
+
+
+def test_whole_sequences_only_without_chunked_prefill():
+    """An encoder's embedding requests (chunked_prefill=False) run whole: a sequence that does
+    not fit what is left of the step's budget waits for the next step, in order."""
+    kv = KVCacheManager(64, 4, False)
+    s = Scheduler(kv, 8, 32, 8, chunked_prefill=False)
+    a, b, c = req(20), req(20), req(8)
+    for r in (a, b, c):
+        s.add(r)
+    out = s.schedule()
+    assert out.requests == [a] and out.num_tokens == [20]  # b waits: 12 left, b needs 20
+    for r in (a,):
+        s.remove(r)
+    out = s.schedule()
+    assert out.requests == [b, c] and out.num_tokens == [20, 8]

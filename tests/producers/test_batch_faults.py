@@ -19,6 +19,7 @@ from inflight.producers.celery_app import ENQUEUE_TASK
 from inflight.schemas import Settings
 from tests.producers.test_batch_jobs import Recorder, ctx_for, finish, lines, new_batch, store  # noqa: F401
 from tests.producers.test_batch_jobs import migrated_sqlite  # noqa: F401
+from tests.store.local_s3 import local_s3  # noqa: F401 - the store fixture's S3 side
 
 
 def _owned_batch(store, owner: str, content: list[bytes]):
@@ -87,7 +88,9 @@ def test_a_row_that_cannot_be_formatted_fails_that_request_only(store, monkeypat
 
 
 def test_the_enqueue_task_fails_the_batch_that_raises(store, monkeypatch):
-    settings = Settings(database_url=store.url, batch_enqueue_chunk=4)
+    objects = getattr(store, "objects", None)   # the S3 side, when the store has one
+    files = {"files_url": objects.url, "files_s3_endpoint": store.files_endpoint} if objects else {}
+    settings = Settings(database_url=store.url, batch_enqueue_chunk=4, **files)
     app = worker_app(settings, model_name="tiny")
     good, bad = _owned_batch(store, "alice", lines(2)), _owned_batch(store, "bob", lines(2))
     real = jobs.validate_and_enqueue

@@ -18,6 +18,7 @@ from inflight.producers import batch_jobs as jobs
 from inflight.producers.batch_lines import request_id_for
 from inflight.schemas import BrokerError, Settings, StateError, decode_request
 from inflight.store import BatchRow, FileRow, Store
+from tests.store.local_s3 import local_s3, s3_url  # noqa: F401 - the fixture
 
 CHAT = "/v1/chat/completions"
 
@@ -60,11 +61,19 @@ def migrated_sqlite(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture
-def store(db_url, migrated_sqlite):
+@pytest.fixture(params=["db-files", "s3-files"])
+def store(request, db_url, migrated_sqlite):
+    """The store on SQLite and Postgres; on SQLite also with file content on object storage
+    (INFLIGHT_FILES_URL=s3://..., moto's server): every test here must behave the same."""
+    files: dict = {}
+    if request.param == "s3-files":
+        if not db_url.startswith("sqlite"):
+            pytest.skip("object storage is checked once, beside SQLite")
+        s3 = request.getfixturevalue("local_s3")
+        files = {"files_url": s3_url(s3), "files_endpoint": s3.endpoint}
     if db_url.startswith("sqlite"):
         shutil.copy(migrated_sqlite, db_url.removeprefix("sqlite:///"))
-        s = Store(db_url)
+        s = Store(db_url, **files)
     else:
         s = Store(db_url, create=True)
     yield s
@@ -100,7 +109,7 @@ def finish(store: Store, ids, status="completed"):
 def test_create_batch_checks_its_arguments(store):
     f = store.create_file([b"{}\n"], purpose="batch", filename="x")
     out = store.create_file([b"{}\n"], purpose="batch_output", filename="y")
-    for kw, field in [({"endpoint": "/v1/embeddings"}, "endpoint"),
+    for kw, field in [({"endpoint": "/v1/moderations"}, "endpoint"),
                       ({"completion_window": "soon"}, "completion_window"),
                       ({"metadata": {"k": 5}}, "metadata"),
                       ({"input_file_id": out.id}, "input_file_id")]:

@@ -55,7 +55,7 @@ def test_openai_token_id_prompt():
     (openai("/v1/chat/completions", messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
      "body.messages.0.content", "text parts"),
     (openai(custom_id="has space"), "custom_id", "letters, digits"),
-    (openai(url="/v1/embeddings"), "url", "/v1/completions"),
+    (openai(url="/v1/moderations"), "url", "/v1/embeddings"),
     (orjson.dumps({"custom_id": "c", "method": "GET", "url": "/v1/completions",
                    "body": {"prompt": "x"}}), "method", "POST"),
     (orjson.dumps({"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": "x"}),

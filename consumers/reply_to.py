@@ -1,0 +1,78 @@
+"""Which `reply_to` topics a request may name: checked at intake, before it runs.
+
+    allowed  = matches INFLIGHT_REPLY_TO_PATTERN (full match), and is none of the project's
+               own topics (requests, results, DLQ, cancel, registry, any model's requests)
+    exists   = the broker lists it (a metadata request, at most REFRESH_S apart for a topic
+               not seen yet; a topic once seen is trusted for KNOWN_S)
+
+A refused request ends with an error final (code reply_to_refused, field reply_to) on the
+shared results topic only, and its raw copy goes to the DLQ.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from inflight.schemas import ConfigError, Settings
+
+log = logging.getLogger("inflight.worker")
+
+REFRESH_S = 2.0        # an unknown topic: the topic list is asked again at most this often
+KNOWN_S = 300.0        # a topic seen: trusted this long before it is looked up again
+LIST_TIMEOUT_S = 2.0   # one metadata request, at most (the intake must keep polling)
+
+
+class ReplyTopics:
+    def __init__(self, settings: Settings):
+        try:
+            self.pattern = re.compile(settings.reply_to_pattern)
+        except re.error as exc:
+            raise ConfigError(f"INFLIGHT_REPLY_TO_PATTERN {settings.reply_to_pattern!r} is "
+                              f"not a regular expression: {exc}") from None
+        self.settings = settings
+        self.own = frozenset(settings.topics())
+        self.own_prefixes = (settings.topic_requests + ".", settings.topic_requests_batch + ".")
+        self._known: dict[str, float] = {}      # topic -> when it was last listed
+        self._listed_at = float("-inf")
+        self._admin: Any = None
+
+    def refusal(self, topic: str, _consumer: Any = None) -> str | None:
+        """Why `topic` may not be a reply_to (None: it may)."""
+        if topic in self.own or topic.startswith(self.own_prefixes):
+            return (f"reply_to {topic!r} is one of inflight's own topics; name a topic of "
+                    "your own")
+        if not self.pattern.fullmatch(topic):
+            return (f"reply_to {topic!r} is not allowed: it does not match "
+                    f"INFLIGHT_REPLY_TO_PATTERN ({self.pattern.pattern!r})")
+        if not self.exists(topic):
+            return (f"reply_to topic {topic!r} does not exist; create it before sending "
+                    "requests that name it")
+        return None
+
+    def exists(self, topic: str) -> bool:
+        now = time.monotonic()
+        seen = self._known.get(topic)
+        if seen is not None and now - seen < KNOWN_S:
+            return True
+        if now - self._listed_at >= REFRESH_S:
+            self._listed_at = now
+            for name in self._list():
+                self._known[name] = now
+        return topic in self._known and now - self._known[topic] < KNOWN_S
+
+    def _list(self) -> list[str]:
+        """The broker's topic names (nothing when it does not answer in time)."""
+        try:
+            if self._admin is None:
+                from confluent_kafka.admin import AdminClient
+
+                self._admin = AdminClient({**self.settings.rdkafka_common(),
+                                           **self.settings.kafka_rdkafka_options})
+            md = self._admin.list_topics(timeout=LIST_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the broker away: the topic counts as unknown
+            log.warning("reply_to: could not list the broker's topics (%s)", exc)
+            return []
+        return [name for name, t in md.topics.items() if t.error is None]
