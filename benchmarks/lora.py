@@ -55,7 +55,9 @@ def run(engine, prompts, loras, max_tokens) -> dict:
     with Timer() as t:
         while engine.has_unfinished():
             for out in engine.step():
-                tokens += len(out.token_ids)
+                tokens += len(out.new_token_ids)
+    print(f"  {sum(1 for x in loras if x)} adapter requests / {len(loras)}: {tokens} tokens in "
+          f"{t.elapsed:.1f}s", flush=True)
     return {"tokens": tokens, "wall_s": t.elapsed, "cpu_s": t.cpu, "tok_s": tokens / t.elapsed}
 
 
