@@ -31,7 +31,7 @@ from inflight.api.routes import (batches, chat, completions, embeddings, files, 
                                  message_batches, messages, models, requests, usage, webhooks)
 from inflight.api.served_models import ApiModels, default_context
 from inflight.api.streams import Streams
-from inflight.api.tracing import TracingMiddleware
+from inflight.api.tracing import TraceparentMiddleware, TracingMiddleware
 from inflight.api.upload_sweep import sweep_uploads
 from inflight.producers import Client
 from inflight.producers.results_reader import ResultsReader
@@ -143,6 +143,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     tracer = tracing.tracer(settings, "inflight.api")  # None: OpenTelemetry is off
     if tracer is not None:
         app.add_middleware(TracingMiddleware, tracer=tracer)
+    else:  # a caller's traceparent still reaches Kafka
+        app.add_middleware(TraceparentMiddleware)
     return app
 
 

@@ -162,7 +162,7 @@ async def _waiting_body(ctx: ApiContext, stream: ApiStream,
 
 
 class SentText:
-    """What a chunk stream has sent, across attempts.
+    """What a chunk stream has sent, across attempts (text, and logprobs by token).
 
     Client.stream starts the text over (a delta with index 0) when a request is redone on
     another worker. Sent chunks cannot be taken back, so the new attempt's text is sent
@@ -173,11 +173,21 @@ class SentText:
     def __init__(self) -> None:
         self.sent = ""
         self.current = ""
+        self.num_sent = 0      # tokens whose logprobs went out, across attempts
+        self.num_current = 0   # tokens of the current attempt so far
+        self.logprobs: list = []  # logprob entries to send (past those sent), if asked for
 
     def feed(self, event: TokenEvent) -> str | None:
-        """The text to send now ("" for nothing), or None when the redo diverged."""
+        """The text to send now ("" for nothing), or None when the redo diverged; the
+        event's logprob entries past those already sent are added to `logprobs`."""
         if event.index == 0:
             self.current = ""
+            self.num_current = 0
+        start = self.num_current
+        self.num_current += len(event.token_ids)
+        if event.logprobs is not None and self.num_current > self.num_sent:
+            self.logprobs += event.logprobs[max(self.num_sent - start, 0):]
+            self.num_sent = self.num_current
         self.current += event.text
         if self.current.startswith(self.sent):
             delta, self.sent = self.current[len(self.sent):], self.current

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inflight.schemas.headers import trace_id
 from inflight.transport import tracing
 
 
@@ -37,3 +38,30 @@ class TracingMiddleware:
                 await send(message)
 
             await self.app(scope, receive, send_traced)
+            route = getattr(scope.get("route"), "path", None)
+            if route:  # the route's template, not the path: /v1/requests/{request_id}
+                span.update_name(f"{method} {route}")
+                span.set_attribute("http.route", route)
+
+
+class TraceparentMiddleware:
+    """Tracing off: an HTTP caller's valid `traceparent` (and `tracestate`) still reach
+    Kafka: the request filed while serving it carries them instead of a fresh trace id."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = [(k.decode("latin-1"), v) for k, v in scope.get("headers", ())
+                 if k in (b"traceparent", b"tracestate")]
+        if not given or trace_id(given) is None:
+            await self.app(scope, receive, send)
+            return
+        token = tracing.set_caller_context(given)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            tracing.reset_caller_context(token)

@@ -89,6 +89,7 @@ class InlineCancelListener:
         listener.consumer.assign(listener.tps)
         listener.consumer.pause(*listener.tps)
         listener._unresolved = set(listener.tps)
+        listener._behind = False
         listener._next_resolve = 0.0
         listener._backlog = listener._catch_up()
         self.listener, self.next = listener, 0.0

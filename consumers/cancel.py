@@ -82,9 +82,13 @@ class CancelListener:
     LOOKUP_TIMEOUT_MS = 2000
     READ_WAIT_MS = 200       # the reader thread's poll: returns as soon as records come
 
-    def __init__(self, settings: Settings, since: float | None = None):
+    def __init__(self, settings: Settings, since: float | None = None, *,
+                 follow_live: bool = True):
         """Read cancels stamped at or after `since` (epoch seconds; default: now minus
-        settings.cancel_lookback_s)."""
+        settings.cancel_lookback_s). `follow_live`: when the window's backlog is more than
+        the start-up read takes in, a second reader follows the cancels stamped from now on
+        (see _catch_up), so a new cancel never waits behind the backlog."""
+        started = time.time()
         if since is None:
             since = time.time() - settings.cancel_lookback_s
         self.since_ms = int(since * 1000)
@@ -96,10 +100,21 @@ class CancelListener:
         self.consumer.pause(*self.tps)  # nothing is read until a start offset is known
         self._unresolved = set(self.tps)
         self._next_resolve = 0.0
+        self._behind = False
         self._backlog = self._catch_up()
         if self._backlog:
             log.info("cancel topic: %d cancels from the last %.0fs", len(self._backlog),
                      time.time() - since)
+        # NOTE: the rest of a large backlog is read by this reader's thread, in the
+        # partitions' order; a cancel sent now would wait behind it (a 200,000-cancel window:
+        # 9 s, benchmarks/cancel_backlog.py). The live reader starts at the records stamped
+        # from `started` on; the two overlap at most there, and a cancel read twice is
+        # applied twice to the same effect.
+        self._live = (CancelListener(settings, since=started, follow_live=False)
+                      if follow_live and self._behind else None)
+        if self._live is not None:
+            log.info("cancel topic: the window's backlog is read on; new cancels are followed "
+                     "apart meanwhile")
         self._read_out: queue.SimpleQueue[tuple[Cancel, float]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cancel-reader", daemon=True)
@@ -129,8 +144,10 @@ class CancelListener:
         if len(self._unresolved) == len(self.tps):
             return ids  # nothing stamped inside the window yet
         deadline = time.monotonic() + self.CATCH_UP_S
-        while time.monotonic() < deadline and self._read(self.CATCH_UP_POLL_MS, ids):
-            pass
+        while self._read(self.CATCH_UP_POLL_MS, ids):
+            if time.monotonic() >= deadline:
+                self._behind = True  # records still coming: the thread reads the rest
+                break
         return ids
 
     def _resolve(self) -> None:
@@ -154,6 +171,8 @@ class CancelListener:
         """(cancel, when it was sent: epoch seconds) of each cancel read since the last call
         (the first call: also those of the lookback window read at start). Never blocks."""
         ids, self._backlog = self._backlog, []
+        if self._live is not None:
+            ids += self._live.poll()
         while True:
             try:
                 ids.append(self._read_out.get_nowait())
@@ -175,6 +194,8 @@ class CancelListener:
         return n
 
     def close(self) -> None:
+        if self._live is not None:
+            self._live.close()
         self._stop.set()
         self._thread.join(timeout=self.READ_WAIT_MS / 1000 + self.LOOKUP_TIMEOUT_MS / 1000 + 5)
         self.consumer.close()

@@ -21,10 +21,13 @@ if TYPE_CHECKING:
 
 
 def token_event(request_id: str, attempt: str, index: int, start: int, token_ids: list[int],
-                text: str) -> bytes:
-    return orjson.dumps({"type": "token", "schema_version": SCHEMA_VERSION,
-                         "request_id": request_id, "attempt": attempt, "index": index,
-                         "start": start, "token_ids": token_ids, "text": text})
+                text: str, logprobs: list | None = None) -> bytes:
+    body = {"type": "token", "schema_version": SCHEMA_VERSION, "request_id": request_id,
+            "attempt": attempt, "index": index, "start": start, "token_ids": token_ids,
+            "text": text}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
+    return orjson.dumps(body)
 
 
 def status_event(request_id: str, attempt: str, worker: str, at: float) -> bytes:

@@ -42,6 +42,7 @@ from inflight.consumers.engine_metrics import EngineMetrics
 from inflight.consumers.kafka_io import LRUSet, close_without_leaving, group_consumer
 from inflight.consumers.metrics import Metrics
 from inflight.consumers.offsets import OffsetTracker
+from inflight.consumers.reply_to import ReplyTopics
 from inflight.consumers.served_model import Serving
 from inflight.consumers.thread_messages import (Aborted, Admitted, HandBack, PartitionsAssigned,
                                                 PartitionsRevoked, PublisherCommand, Rebalance,
@@ -51,8 +52,6 @@ from inflight.schemas import SchemaError, Settings, decode_request
 from inflight.schemas.base import ID_RE
 from inflight.schemas.events import (ERR_INVALID_REQUEST, ERR_MODEL_NOT_FOUND, ERR_REPLY_TO_REFUSED,
                                      ERR_WRONG_MODEL_KIND)
-
-from inflight.consumers.reply_to import ReplyTopics
 
 log = logging.getLogger("inflight.worker")
 
@@ -266,7 +265,7 @@ class Intake:
                          "kind", req.batch_id, model=req.model, tenant=_tenant(req))
             return
         if req.reply_to is not None:
-            refusal = self.reply_topics.refusal(req.reply_to, self.consumer)
+            refusal = self.reply_topics.refusal(req.reply_to)
             if refusal is not None:
                 self._reject(tp, rec, rid, ERR_REPLY_TO_REFUSED, refusal, "reply_to",
                              req.batch_id, model=req.model, tenant=_tenant(req))

@@ -48,12 +48,12 @@ from inflight.consumers.metrics import Metrics
 from inflight.consumers.thread_messages import (Aborted, AddFailed, Admitted, HandBack,
                                                 PublisherCommand, Rejected, Settled, Slots,
                                                 StepOutputs, StopPublishing, TicketState)
-from inflight.consumers.tracked_sends import DLQ, FINAL, Ending, Message, TrackedSends
+from inflight.consumers.tracked_sends import DLQ, FINAL, REPLY, Ending, Message, TrackedSends
 from inflight.schemas import ERR_ENGINE, ERR_INTERNAL, ERR_INVALID_REQUEST, Settings
 from inflight.schemas.headers import event_headers
 from inflight.schemas.tools import parse_tool_calls
-from inflight.transport.partitioner import key_hash, partition_of
 from inflight.transport import tracing
+from inflight.transport.partitioner import key_hash, partition_of
 from inflight.transport.results_producer import ResultsProducer
 
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ class _Stream:
     start: int = 0                 # tokens sent in them
     ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    lps: list | None = None        # the delta's logprob entries (the request asked for them)
     dirty: bool = False
     handed_back: bool = False
     last_at: float = 0.0           # when its last token came (0: none yet), for the metrics
@@ -285,6 +286,12 @@ class EventPublisher:
             if st.live and (ids or out.text_delta):
                 st.ids += ids
                 st.texts.append(out.text_delta)
+                if out.logprobs is not None and ids and self.shape_logprobs is not None:
+                    # a final output carries all its logprobs: the delta's are the last ones
+                    lps = out.logprobs[-len(ids):] if out.finished else out.logprobs
+                    if st.lps is None:
+                        st.lps = []
+                    st.lps += [self.shape_logprobs.position(e) for e in lps]
                 if st.index == 0 or len(st.ids) >= max_tokens:
                     self._flush(st)
                 elif not st.dirty:
@@ -313,10 +320,12 @@ class EventPublisher:
     def _flush(self, st: _Stream) -> None:
         job = st.job
         value = event_bytes.token_event(job.request_id, job.attempt, st.index, st.start,
-                                        st.ids, "".join(st.texts))
+                                        st.ids, "".join(st.texts), st.lps)
         st.index += 1
         st.start += len(st.ids)
         st.ids, st.texts, st.dirty = [], [], False
+        if st.lps is not None:
+            st.lps = []
         self._send_untracked(self.topic_tokens, st.key, value,
                              self._partition(self.topic_tokens, st.hash), st.headers)
         if st.reply_to is not None:
@@ -457,6 +466,6 @@ class EventPublisher:
         out = [Message(self.topic_results, key, value, headers, FINAL,
                        self._partition(self.topic_results, h))]
         if reply_to is not None:
-            out.append(Message(reply_to, key, value, headers, FINAL,
+            out.append(Message(reply_to, key, value, headers, REPLY,
                                self._partition(reply_to, h)))
         return out

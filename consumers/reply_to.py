@@ -39,7 +39,7 @@ class ReplyTopics:
         self._listed_at = float("-inf")
         self._admin: Any = None
 
-    def refusal(self, topic: str, _consumer: Any = None) -> str | None:
+    def refusal(self, topic: str) -> str | None:
         """Why `topic` may not be a reply_to (None: it may)."""
         if topic in self.own or topic.startswith(self.own_prefixes):
             return (f"reply_to {topic!r} is one of inflight's own topics; name a topic of "

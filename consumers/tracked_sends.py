@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kafka.errors import (InvalidRecordError, MessageSizeTooLargeError, RecordListTooLargeError,
+                          TopicAuthorizationFailedError, UnknownTopicOrPartitionError,
                           UnsupportedForMessageFormatError)
 
 from inflight.consumers import event_bytes
@@ -41,9 +42,15 @@ TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError)
 REFUSED = TOO_LARGE + (InvalidRecordError, UnsupportedForMessageFormatError, TypeError,
                        ValueError, UnicodeError)
 
-# What a tracked message is: a final event, a DLQ copy, or a last resort (no fallback left)
-Kind = Literal["final", "dlq", "last"]
+# a reply_to copy whose topic went away (deleted, or access revoked, after intake checked
+# it): given up, so it never holds the request's offset back
+GONE = (UnknownTopicOrPartitionError, TopicAuthorizationFailedError)
+
+# What a tracked message is: a final event, its reply_to copy, a DLQ copy, or a last resort
+# (no fallback left)
+Kind = Literal["final", "reply", "dlq", "last"]
 FINAL: Kind = "final"
+REPLY: Kind = "reply"
 DLQ: Kind = "dlq"
 LAST: Kind = "last"
 
@@ -103,7 +110,7 @@ class TrackedSends:
 
     def track(self, ending: Ending) -> None:
         for msg in ending.messages:
-            if msg.kind == FINAL and len(msg.value) > self.max_bytes:  # no need to ask Kafka
+            if msg.kind in (FINAL, REPLY) and len(msg.value) > self.max_bytes:  # no need to ask Kafka
                 self._replace_final(ending, msg, _too_large_text(len(msg.value), self.max_bytes))
         self.pending[ending.ticket] = ending
         for i in range(len(ending.messages)):
@@ -168,9 +175,15 @@ class TrackedSends:
     def _failed(self, ticket: int, i: int, exc: BaseException) -> None:
         ending = self.pending[ticket]
         msg = ending.messages[i]
+        if msg.kind == REPLY and isinstance(exc, GONE):
+            self.metrics.inc("send_errors")
+            log.error("reply_to copy of %s's final to %s given up: %s", ending.request_id,
+                      msg.topic, exc)
+            self._done(ending, i)
+            return
         if isinstance(exc, REFUSED):
             self.metrics.inc("send_errors")
-            if msg.kind == FINAL:
+            if msg.kind in (FINAL, REPLY):
                 text = (_too_large_text(len(msg.value), None) if isinstance(exc, TOO_LARGE)
                         else f"the final event was refused by Kafka ({type(exc).__name__}: {exc})")
                 log.error("final event of %s refused (%s); sending a small error final instead",

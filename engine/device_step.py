@@ -69,6 +69,10 @@ class DeviceStep:
     prompt_targets: torch.Tensor | None = None
     logprob_top_n: int = 0
     prompt_top_n: int = 0
+    # logits processors (engine/logits_processors.py): each logits row's batch row, and
+    # the sampler rows among them (None: every row samples); None when no row uses one
+    proc_rows: torch.Tensor | None = None
+    proc_samplers: torch.Tensor | None = None
     lora: LoraStep | None = None      # which tokens use which adapter slot (engine/lora/slots.py)
 
 

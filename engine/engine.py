@@ -39,7 +39,7 @@ from typing import Sequence
 import torch
 
 from inflight.engine.config import EngineConfig
-from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.engine.detokenizer import IncrementalDetokenizer, output_text
 from inflight.engine.device import DeviceScope, resolve_device
 from inflight.engine.kv_sizing import MemoryProbe
 from inflight.engine.kv_cache_manager import KVCacheManager
@@ -111,6 +111,7 @@ class Engine:
         self.spec = build_spec_decoder(config, self.runner, self.kv)  # None without speculative_config
         # constrained requests whose grammar is compiling (not queued yet)
         self.grammars = GrammarQueue(self.tokenizer, self.model.config.vocab_size, self.runner)
+        self._num_processed = 0  # live requests with logits processors (no speculation then)
 
     def _build_lora(self) -> LoraManager:
         """The adapters' slot tensors on the model, and their manager (engine/lora)."""
@@ -202,12 +203,12 @@ class Engine:
                       extra_keys=extra_keys, lora=lora if error is None else None,
                       tenant=tenant, deadline=deadline)
         req.max_num_tokens = min(req.num_prompt_tokens + params.max_tokens, self.max_model_len)
-        error = error or self._validate(req)
+        error = error or self._validate(req) or self._processors(req)
         if error is not None:
             code, message = error
             self._pending.append(self._finish_output(req, "error", message, code))
             return
-        if params.seed is not None:
+        if params.seed is not None and params.temperature > 0:  # greedy rows never draw
             req.generator = torch.Generator(device=self.model.device)
             req.generator.manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
@@ -256,6 +257,39 @@ class Engine:
                     f"{self.num_kv_blocks}: lower max_tokens or raise EngineConfig.kv_cache_bytes")
         return None
 
+    def _processors(self, req: Request) -> tuple[str, str] | None:
+        """Set up req's logits processors (engine/logits_processors.py); (error code,
+        message) when it asks for one this engine cannot apply."""
+        p = req.params
+        if not p.uses_logits_processors:
+            return None
+        vocab = self.model.config.vocab_size
+        for name, ids in (("logit_bias", p.logit_bias or ()), ("allowed_token_ids", p.allowed_token_ids or ())):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                return ERR_INVALID_REQUEST, (f"{name} names token id {bad}, outside the model's "
+                                             f"vocabulary [0, {vocab})")
+        if self.spec is not None and p.speculative:
+            return ERR_INVALID_REQUEST, (
+                "penalties, logit_bias, min_p, min_tokens, bad_words and allowed_token_ids are "
+                "not supported with speculative decoding (they apply to one logits row per "
+                "request, a verification has several): leave speculative unset or false")
+        banned = []
+        for word in p.bad_words:
+            for variant in (word, " " + word.lstrip(" ")):  # as vLLM: with and without a space
+                ids = self.tokenizer.encode(variant, add_special_tokens=False)
+                if len(ids) > 1:
+                    return ERR_INVALID_REQUEST, (
+                        f"bad_words entry {variant!r} is {len(ids)} tokens for this model: only "
+                        "words of one token are supported (a longer word is not supported: "
+                        "banning it needs the output's tail at every step); ban its tokens "
+                        "with logit_bias -100 instead")
+                banned += ids
+        req.banned_token_ids = tuple(dict.fromkeys(banned))
+        self.runner.enable_logits_processors(self.eos_token_ids)
+        self._num_processed += 1
+        return None
+
     def abort(self, request_id: str) -> bool:
         """Stop a waiting or running request; its final output (finish_reason "abort")
         comes with the next step. Returns False for unknown or finished ids."""
@@ -294,7 +328,8 @@ class Engine:
                 self.grammars.nap()
                 self._admit_compiled(outputs)
         if self.overlap:
-            if self.spec is None or not self.spec.may_speculate(self.scheduler.running):
+            if self.spec is None or self._num_processed or \
+                    not self.spec.may_speculate(self.scheduler.running):
                 return self._step_overlapped(outputs)
             # NOTE: drafts are proposed from the last step's tokens: a step that may
             # speculate runs synchronously, after the step in flight is processed
@@ -303,7 +338,10 @@ class Engine:
                 self._process(prev, outputs)
         if not self.scheduler.has_unfinished():
             return outputs
-        drafts = self.spec.propose(self.scheduler.running) if self.spec is not None else None
+        # NOTE: logits processors run on one logits row per request: while a request that
+        # uses one is live (waiting ones too: they may join this step), nothing speculates
+        drafts = (self.spec.propose(self.scheduler.running)
+                  if self.spec is not None and not self._num_processed else None)
         sched = self._schedule(outputs, drafts)
         if sched.is_empty:
             return outputs
@@ -491,6 +529,8 @@ class Engine:
         if self.spec is not None:
             self.spec.finished(req, completed=reason in ("stop", "length"))
         self.grammars.discard(req)  # if still compiling
+        if req.params.uses_logits_processors and req.request_id in self.requests:
+            self._num_processed -= 1
         self.scheduler.remove(req)
         self.runner.remove(req)
         self.requests.pop(req.request_id, None)
@@ -505,8 +545,13 @@ class Engine:
         detok = req.detok
         if detok is None:  # refused before it had a detokenizer
             return RequestOutput.final(req, "", "", new_token_ids or [], error_code)
-        return RequestOutput.final(req, detok.take_delta(final=True), detok.text,
-                                   new_token_ids or [], error_code, detok.stop_hit)
+        # NOTE: the final text is decoded once from the final tokens (engine/detokenizer.py
+        # output_text), never the deltas joined: the one text of these tokens on every path
+        p = req.params
+        text, stop_hit = output_text(self.tokenizer, detok.context, req.output_token_ids,
+                                     p.stop, p.stop_token_ids, self.eos_token_ids, p.ignore_eos)
+        return RequestOutput.final(req, detok.finish(text), text, new_token_ids or [],
+                                   error_code, stop_hit)
 
     # -- offline use ------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],

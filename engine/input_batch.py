@@ -66,6 +66,8 @@ class InputBatch:
         # device diffs not sent yet: (row, first column, block ids)
         self._diffs: list[tuple[int, int, list[int]]] = []
         self.num_diff_entries = 0
+        # engine/logits_processors.LogitsProcessors: told of every row taken and freed
+        self.procs = None
 
     # -- rows ----------------------------------------------------------------------------
     def add(self, req: Request) -> int:
@@ -93,6 +95,8 @@ class InputBatch:
         self.num_top_k += random and p.uses_top_k
         self.num_top_p += random and p.uses_top_p
         self.num_featured += uses_step_features(req)
+        if self.procs is not None and p.uses_logits_processors:
+            self.procs.add(req, row)
         return row
 
     def remove(self, req: Request) -> None:
@@ -106,6 +110,8 @@ class InputBatch:
         self.num_top_k -= random and p.uses_top_k
         self.num_top_p -= random and p.uses_top_p
         self.num_featured -= uses_step_features(req)
+        if self.procs is not None and p.uses_logits_processors:
+            self.procs.remove(req)
         if self.poison:
             self.block_table[row] = POISON
             if not self.shared:

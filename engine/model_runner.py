@@ -123,6 +123,8 @@ class ModelRunner:
         self.num_device_fed = 0  # input tokens taken from the last step's samples (overlap)
         self._greedy = SamplingBatch(torch.empty(0), None, None, [], True)
         self.bitmasks = None  # engine.bitmask.BitmaskStage, set by enable_structured_outputs
+        # engine.logits_processors.LogitsProcessors, set by enable_logits_processors
+        self.procs = None
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs:
             self.graphs = DecodeGraphs(max_num_seqs, self.device, self._decode_body, self.vocab_size)
@@ -156,6 +158,16 @@ class ModelRunner:
         if self.bitmasks is None:
             self.bitmasks = BitmaskStage(compiler, self.max_num_seqs, self.device,
                                          separate=self.staging.separate, stream=self.stream)
+
+    def enable_logits_processors(self, eos_token_ids) -> None:
+        """Per-row state for penalties, biases and the like (the first request that uses
+        one; a runner without them never pays for them)."""
+        from inflight.engine.logits_processors import LogitsProcessors
+
+        if self.procs is None:
+            self.procs = LogitsProcessors(self.max_num_seqs, self.vocab_size, self.device,
+                                          eos_token_ids)
+            self.batch.procs = self.procs
 
     # -- the batch's rows ----------------------------------------------------------------
     def remove(self, req: Request) -> None:
@@ -287,8 +299,17 @@ class ModelRunner:
         batch, n, T = self.batch, inputs.n, inputs.num_tokens_total
         if lay.diffs.stop > lay.diffs.start:
             batch.apply_diffs(dev[lay.diffs])
-        step = DeviceStep(n, T, P, self._sampling(inputs, lay, dev) if random else self._greedy,
+        procs = self.procs
+        proc_rows = None
+        if procs is not None and procs.active and inputs.spec is None:
+            proc_rows = dev[lay.rows.start:lay.rows.start + n].long()
+        step = DeviceStep(n, T, P, self._sampling(inputs, lay, dev, proc_rows) if random else self._greedy,
                           inputs.masked)
+        if proc_rows is not None:
+            step.proc_rows = proc_rows
+            if len(inputs.sample_pos) != n:  # a mid-prompt chunk's sample is not an output token
+                step.proc_samplers = torch.tensor(inputs.sample_pos, dtype=torch.long).to(
+                    self.device, non_blocking=True)
         if inputs.lp_pos:
             step.logprob_rows = dev[lay.logprob_rows].long()
             step.logprob_top_n = max(r.params.logprobs for r in inputs.lp_reqs)
@@ -313,7 +334,8 @@ class ModelRunner:
             step.masked = [(spec.first[i], m) for i, m in inputs.masked]
         return step
 
-    def _sampling(self, inputs: StepInputs, lay: StepLayout, dev: torch.Tensor) -> SamplingBatch:
+    def _sampling(self, inputs: StepInputs, lay: StepLayout, dev: torch.Tensor,
+                  proc_rows: torch.Tensor | None = None) -> SamplingBatch:
         """Some row samples randomly: its settings, as device views.
         NOTE: a seeded request draws from its own generator only in the steps where it
         samples, so its draws do not depend on the rest of the batch."""
@@ -323,7 +345,9 @@ class ModelRunner:
                 gens[i] = req.generator
         top_k = dev[lay.top_k].long() if region_len(lay.top_k) else None
         top_p = dev[lay.top_p].view(torch.float32) if region_len(lay.top_p) else None
-        return SamplingBatch(dev[lay.temperature].view(torch.float32), top_k, top_p, gens, False)
+        min_p = self.procs.min_p(proc_rows) if proc_rows is not None else None
+        return SamplingBatch(dev[lay.temperature].view(torch.float32), top_k, top_p, gens, False,
+                             min_p)
 
     def _handle(self, inputs: StepInputs, step: DeviceStep, out: DeviceOutput, seq: int,
                 overlapped: bool) -> StepHandle:
@@ -392,6 +416,9 @@ class ModelRunner:
             logits, hidden = self._eager_forward(step)
         if step.masked:
             self.bitmasks.apply(logits, step.masked)
+        raw = logits  # what logprobs report: the model's (masked) logits
+        if step.proc_rows is not None:  # never in a verification (SpecDecoder.may_speculate)
+            logits = self.procs.apply(logits, step.proc_rows)
         spec = step.spec
         if spec is not None:
             logits = logits[spec.vidx]
@@ -403,6 +430,11 @@ class ModelRunner:
                 targets = emitted.reshape(-1).clamp(min=0)  # the target of each logit row
         else:
             sampled = targets = sample(logits, step.sampling, self.generator)
+            if step.proc_rows is not None:
+                at = step.proc_samplers
+                self.procs.count(step.proc_rows if at is None else step.proc_rows[at],
+                                 sampled if at is None else sampled[at])
+        logits = raw
         out = DeviceOutput(sampled)
         rows = step.logprob_rows
         if rows is not None:

@@ -83,6 +83,8 @@ class Request:
     # params.structured_outputs: the request's position in its grammar, from admission
     # (its compile is the GrammarQueue's until then)
     grammar: GrammarMatcher | None = None
+    # params.bad_words as the token ids they ban (set by the engine; engine/logits_processors.py)
+    banned_token_ids: tuple[int, ...] = ()
     # the slot of its adapter while it runs (engine/lora/manager.py), else -1
     lora_slot: int = -1
     # its tenant's counter (engine/fair_share.py; set when the scheduler queues it)

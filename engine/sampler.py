@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inflight.engine.logits_processors import apply_min_p
+
 
 @dataclass
 class SamplingBatch:
@@ -22,6 +24,7 @@ class SamplingBatch:
     top_p: torch.Tensor | None         # [S] fp32, 1 = off; None when no row uses it
     generators: list[torch.Generator | None]
     all_greedy: bool
+    min_p: torch.Tensor | None = None  # [S] fp32, 0 = off; None when no row uses it
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
@@ -58,6 +61,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch,
     temp = batch.temperature
     is_greedy = temp == 0
     scaled = logits / torch.where(is_greedy, torch.ones_like(temp), temp)[:, None]
+    if batch.min_p is not None:
+        scaled = apply_min_p(scaled, batch.min_p)
     if batch.top_k is not None or batch.top_p is not None:
         scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
     probs = scaled.softmax(dim=-1)

@@ -51,6 +51,22 @@ class Tokenizer:
     def eos_token_id(self) -> int | None:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the special tokens (a decode with skip_special_tokens drops them)."""
+        return frozenset(i for i, t in self.hf.get_added_tokens_decoder().items() if t.special)
+
+    @functools.cached_property
+    def byte_piece_ids(self) -> frozenset[int]:
+        """The `<0xXX>` pieces of a byte-fallback tokenizer (Llama 2, Mistral); empty for
+        any other (engine/detokenizer.py)."""
+        decoder = self.hf.decoder
+        if decoder is None or b'"ByteFallback"' not in decoder.__getstate__():
+            return frozenset()
+        vocab = self.hf.get_vocab()
+        return frozenset(i for piece, i in vocab.items()
+                         if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"))
+
     @property
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size()

@@ -1,9 +1,10 @@
 """Parquet in and out of batch jobs (pyarrow, the `jobs` extra).
 
 In: a table with a prompt column becomes OpenAI batch lines, one per row, read a row group
-at a time (`table_lines`): `custom_id` is the row's `id_column` value (or `row-<n>`); the
-prompt is the column's text, put through `template` (`{text}` is replaced by it) and, for
-chat, after an optional `system` message. The table itself is kept as the batch's source
+at a time (`table_lines`): `custom_id` is the row's `id_column` value (default: a column
+named `custom_id` or `id`, else `row-<n>`); the prompt is the column's text, put through
+`template` (`{text}` is replaced by it) and, for chat, after an optional `system` message;
+`max_tokens` defaults to DEFAULT_MAX_TOKENS. The table itself is kept as the batch's source
 file (purpose `batch_source`), so the results can carry every input column through.
 
 Out (`write_results`): the input table's columns plus the response columns below, written
@@ -36,6 +37,8 @@ from inflight.store.models import CANCELLED, COMPLETED, EXPIRED
 from inflight.producers.batch_lines import request_id_for
 
 EMBEDDINGS_URL = "/v1/embeddings"
+DEFAULT_MAX_TOKENS = 256     # chat / completions lines without max_tokens given
+ID_COLUMNS = ("custom_id", "id")   # taken as the id column when none is named
 ROWS_PER_GROUP = 10_000      # rows read and written at once (a row group of the output)
 SOURCE_PURPOSE = "batch_source"
 RESULT_COLUMNS = ("status", "text", "finish_reason", "prompt_tokens", "completion_tokens",
@@ -61,6 +64,9 @@ def table_lines(source: str | Path | BinaryIO, *, endpoint: str, prompt_column: 
     pq = _pq()
     pf = pq.ParquetFile(source)
     names = pf.schema_arrow.names
+    id_column = id_column or default_id_column(names)
+    if max_tokens is None and endpoint != EMBEDDINGS_URL:
+        max_tokens = DEFAULT_MAX_TOKENS
     for flag, col in (("--prompt-column", prompt_column), ("--id-column", id_column)):
         if col is not None and col not in names:
             raise SchemaError(f"{flag} {col!r}: the table has no such column; its columns: "
@@ -85,6 +91,11 @@ def table_lines(source: str | Path | BinaryIO, *, endpoint: str, prompt_column: 
             yield orjson.dumps({"custom_id": cid, "method": "POST", "url": endpoint,
                                 "body": _body(endpoint, prompt, system, max_tokens, model)}) + b"\n"
         row += len(texts)
+
+
+def default_id_column(names: list[str]) -> str | None:
+    """The table's `custom_id` or `id` column, carried through as custom_id."""
+    return next((c for c in ID_COLUMNS if c in names), None)
 
 
 def _body(endpoint: str, prompt: str, system: str | None, max_tokens: int | None,

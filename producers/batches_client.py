@@ -145,8 +145,15 @@ class BatchesClient:
         except BaseException:
             self.store.delete_file(table.id)
             raise
+        id_column = how["id_column"]
+        if id_column is None:  # the one table_lines took (a `custom_id` or `id` column)
+            import pyarrow.parquet as pq
+
+            if not isinstance(source, (str, Path)):
+                source.seek(0)
+            id_column = batch_parquet.default_id_column(pq.ParquetFile(source).schema_arrow.names)
         return {"input_file_id": f.id, "file_id": table.id,
-                "prompt_column": how["prompt_column"], "id_column": how["id_column"]}
+                "prompt_column": how["prompt_column"], "id_column": id_column}
 
     def get_batch(self, batch_id: str) -> BatchRow:
         """The batch row (NotFoundError for an unknown id), its request counts counted now

@@ -59,7 +59,8 @@ def build_request(item: Any, params: SamplingParams | Mapping | None = None, *,
              metadata: Mapping | None = None, batch_id: str | None = None,
              tools: list | None = None, tool_choice: Any = None,
              model: str | None = None, tenant: str | None = None,
-             timeout: float | None = None, deadline: float | None = None) -> InferenceRequest:
+             timeout: float | None = None, deadline: float | None = None,
+             reply_to: str | None = None) -> InferenceRequest:
     """One InferenceRequest from what submit accepts (a prompt, chat messages, token ids, a
     dict of request fields or an InferenceRequest); SchemaError names the first bad field."""
     if isinstance(item, InferenceRequest):
@@ -98,6 +99,8 @@ def build_request(item: Any, params: SamplingParams | Mapping | None = None, *,
     for name, value in (("tenant", tenant), ("timeout", timeout), ("deadline", deadline)):
         if value is not None:
             fields.setdefault(name, value)
+    if reply_to is not None:
+        fields["reply_to"] = reply_to
     fields.setdefault("submitted_at", time.time())
     try:
         return InferenceRequest.model_validate(fields)
@@ -193,7 +196,7 @@ class RequestsClient:
                tool_choice: Any = None, model: str | None = None,
                allow_unserved: bool = False, headers: Headers | None = None,
                tenant: str | None = None, timeout: float | None = None,
-               deadline: float | None = None) -> str:
+               deadline: float | None = None, reply_to: str | None = None) -> str:
         """Publish one request; returns its request_id (a given one is kept).
         `params` may constrain the output (`{"structured_outputs": {"json": SCHEMA}}`, or
         SamplingParams(structured_outputs=...)); `tools` / `tool_choice` (OpenAI's, with
@@ -204,12 +207,13 @@ class RequestsClient:
         `tracestate` of the caller's trace; any other is copied onto the request's events).
         `tenant`: who it is for (default INFLIGHT_TENANT; fair share, usage); `timeout`
         (seconds) / `deadline` (epoch seconds): it ends `expired` when not done by then
-        (docs/tenants.md)."""
+        (docs/tenants.md). `reply_to`: a topic of yours that also gets its final event (and
+        its deltas when it streams): docs/kafka-contract.md."""
         req = build_request(messages if messages is not None else prompt, params,
                             request_id=request_id, priority=priority, metadata=metadata,
                             batch_id=batch_id, tools=tools, tool_choice=tool_choice,
                             model=model, tenant=tenant or self.settings.tenant,
-                            timeout=timeout, deadline=deadline)
+                            timeout=timeout, deadline=deadline, reply_to=reply_to)
         self._publish(*self.routed(req, allow_unserved), headers=headers)
         if flush:
             self.flush()
@@ -235,6 +239,8 @@ class RequestsClient:
         topic = topic or self.topic_for(req)
         if self.tracer is not None:
             return self._send_traced(req, topic, value, headers)
+        if headers is None:  # serving an HTTP caller that sent its trace context (the API)
+            headers = tracing.caller_context()
         return self._send(req, topic, value, request_headers(req, headers))
 
     def _send(self, req: InferenceRequest, topic: str, value: bytes,
@@ -344,13 +350,16 @@ class RequestsClient:
 
     def publish_encoded(self, items: Iterable[tuple[str, bytes]], *, topic: str) -> int:
         """Send already-encoded requests (request_id, bytes) to `topic` and flush (the batch
-        enqueue task: it encoded and size-checked them while validating)."""
+        enqueue task: it encoded and size-checked them while validating), or batch events (the
+        batch-events topic: content-type and schema-version headers only, no request id or
+        trace)."""
         n = 0
+        requests = topic != getattr(self.settings, "topic_batch_events", None)
         try:
             for rid, value in items:
-                self.producer.send(topic, key=rid.encode(), value=value,
-                                   headers=message_headers(rid) + [(TRACEPARENT,
-                                                                    new_traceparent())])
+                headers = (message_headers(rid) + [(TRACEPARENT, new_traceparent())]
+                           if requests else message_headers())
+                self.producer.send(topic, key=rid.encode(), value=value, headers=headers)
                 n += 1
         except KafkaError as exc:
             raise BrokerError(f"publishing to {topic} failed: {exc}") from exc

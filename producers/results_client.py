@@ -48,6 +48,7 @@ class Result:
     logprobs: dict[str, Any] | None = None  # requests.logprobs (see store.rows.logprobs_column)
     tool_calls: list[dict[str, Any]] | None = None  # a request with tools: its answer's calls
     model: str | None = None  # the model it named, then the one that ran it
+    trace_id: str | None = None  # the W3C trace id of its traceparent (docs/tracing.md)
     embedding: list[float] | None = None  # an embedding request's vector
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -97,6 +98,7 @@ class ResultsClient:
                       created_at=row.created_at.timestamp() if row.created_at else None,
                       finished_at=row.finished_at.timestamp() if row.finished_at else None,
                       logprobs=row.logprobs, tool_calls=row.tool_calls, model=row.model,
+                      trace_id=row.trace_id,
                       embedding=None if row.embedding is None else unpack_vector(row.embedding))
 
     def wait_many(self, request_ids: Iterable[str], timeout: float | None = None,

@@ -92,6 +92,8 @@ class StreamAssembler:
         rest_ids, rest_text = final.token_ids[len(self._tokens):], final.text[len(text):]
         if not rest_ids and not rest_text:
             return []
+        content = final.logprobs.content if final.logprobs is not None else None
+        lps = content[len(self._tokens):] if content is not None else None
         return [self._give(TokenEvent(request_id=final.request_id, attempt=final.attempt,
                                       index=self._index_out, start=len(self._tokens),
-                                      token_ids=rest_ids, text=rest_text))]
+                                      token_ids=rest_ids, text=rest_text, logprobs=lps))]

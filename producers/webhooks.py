@@ -83,6 +83,7 @@ def event_body(ev: BatchEventRow) -> bytes:
 class DeliveryReport:
     fanned_out: int = 0
     published: int = 0
+    publish_failed: int = 0
     delivered: int = 0
     retried: int = 0
     given_up: int = 0
@@ -105,7 +106,14 @@ def deliver(store: Store, settings: Settings, *, publish: Publish | None = None,
             continue  # another delivery task has it
         published = False
         if publish is not None:
-            publish(ev.batch_id, event_body(ev))  # raises: the event waits for the next pass
+            try:
+                publish(ev.batch_id, event_body(ev))
+            except Exception as exc:  # noqa: BLE001 - the broker away: the next pass retries
+                log.warning("batch event %s: publishing to the batch-events topic failed (%s); "
+                            "the next pass sends it (its webhooks wait for it)", ev.id, exc)
+                q.release_event(store, ev)
+                report.publish_failed += 1
+                continue
             published = True
             report.published += 1
         report.fanned_out += q.fan_out(store, ev, published)

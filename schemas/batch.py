@@ -41,6 +41,14 @@ _PARAM_MAP = {
     "stop": "stop",
     "stop_token_ids": "stop_token_ids",  # vLLM extension
     "ignore_eos": "ignore_eos",    # vLLM extension
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "logit_bias": "logit_bias",
+    "repetition_penalty": "repetition_penalty",  # vLLM extensions from here on
+    "min_p": "min_p",
+    "min_tokens": "min_tokens",
+    "bad_words": "bad_words",
+    "allowed_token_ids": "allowed_token_ids",
 }
 _IGNORED = {"user", "metadata", "store", "service_tier"}
 # key -> values that mean "the default", which we can ignore
@@ -51,9 +59,6 @@ _HARMLESS_IF = {
     "echo": (None, False),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
     "suffix": (None, ""),
     "stream_options": (None,),
 }

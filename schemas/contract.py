@@ -31,6 +31,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from inflight.schemas import headers as h
 from inflight.schemas.base import SCHEMA_VERSION
+from inflight.schemas.batch_event import BatchEvent, decode_batch_event
 from inflight.schemas.cancel import CancelMessage, parse_cancel
 from inflight.schemas.codec import decode_request, decode_result
 from inflight.schemas.events import ErrorEvent, FinalEvent, ResultEvent, StatusEvent, TokenEvent
@@ -89,6 +90,9 @@ MESSAGES: tuple[Message, ...] = (
             "A worker's announcement of a model it serves (compacted; key: '<worker> "
             "<model>'; a null value is a tombstone). Readers ignore fields they do not know.",
             False, decode_record),
+    Message("batch-event", BatchEvent, ("inflight.batch-events",),
+            "A batch state change (key: the batch id), the same bytes a webhook receives. "
+            "Readers ignore fields they do not know.", False, decode_batch_event),
 )
 BY_NAME = {m.name: m for m in MESSAGES}
 
@@ -235,6 +239,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "requests_topic": "inflight.requests", "batch_topic": "inflight.requests.batch",
         "group": "inflight-workers", "default": True, "heartbeat_at": _SUBMITTED,
         "heartbeat_s": 5.0, "started_at": _SUBMITTED - 10.0},
+    "batch-event": {"id": "evt_7f3a9c", "object": "event", "type": "batch.completed",
+                    "created_at": 1767000000, "data": {"id": "batch_42"}},
 }
 
 

@@ -99,6 +99,8 @@ class TokenEvent(WireModel):
 
     `index` counts this attempt's token events from 0; `start` is the number of output
     tokens before this delta (so `start + len(token_ids)` tokens exist after it).
+    `logprobs`: when the request asked for them, one OpenAI `content` entry ({token,
+    logprob, bytes, top_logprobs}) per token of this delta.
     """
 
     type: Literal["token"] = "token"
@@ -109,6 +111,7 @@ class TokenEvent(WireModel):
     start: int = Field(default=0, ge=0)
     token_ids: list[TokenId]
     text: str = ""
+    logprobs: list[ChatTokenLogprob] | None = None
 
 
 class StatusEvent(WireModel):

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, ValidationInfo, model_validator
 
+from inflight.engine.sampling_params import seed_for
 from inflight.schemas.base import (SCHEMA_VERSION, FieldError, FiniteJson, ModelId, TopicName,
                                    WireId, WireModel)
 from inflight.schemas.params import SamplingParams, StructuredOutputs, TokenId, WireSamplingParams
@@ -170,6 +171,16 @@ class InferenceRequest(WireModel):
             raise FieldError(given[0], f"is {self.prompt_chars} characters, over the limit "
                              f"of {limit} (setting INFLIGHT_MAX_PROMPT_CHARS); shorten it",
                              code="prompt_too_long")
+        return self
+
+    @model_validator(mode="after")
+    def _seed_fixed(self) -> "InferenceRequest":
+        """A request without a seed gets one derived from its id (`seed_for`), fixed here,
+        at submit, and carried with it: a redo after a worker died samples the same tokens,
+        so a stream goes on where it broke."""
+        if self.params.seed is None:
+            object.__setattr__(self, "params",
+                               dataclasses.replace(self.params, seed=seed_for(self.request_id)))
         return self
 
     @property

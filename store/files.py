@@ -10,6 +10,9 @@ long write lock on SQLite); the row is `uploading` until the last chunk is in, t
 `uploaded` with its size, line count and sha256. Readers see only `uploaded` files.
 A file still `uploading` long after it began was left by a writer that died (kill -9 of
 the API mid-write): `reclaim_uploads` deletes it with its chunks (the API's sweep).
+With INFLIGHT_FILES_URL the content is an object instead (store.object_files); the row
+keeps its location. (A dead writer's unfinished multipart upload is left to the bucket's
+lifecycle rule for incomplete uploads.)
 """
 
 from __future__ import annotations
@@ -109,6 +112,8 @@ class FileQueries:
                 location=location))
         if done.rowcount != 1:  # the sweep took it for a dead writer's (reclaim_uploads)
             self.delete_file(fid)
+            if location is not None:  # the row that named the object is gone
+                self._objects().delete(location)
             raise _reclaimed(fid)
         row = self.get_file(fid, expired=True)
         if row is None:

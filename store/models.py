@@ -20,6 +20,7 @@ UTC datetimes on both backends.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -90,6 +91,28 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(timezone.utc)
 
 
+_ESC = "\uffff"  # a noncharacter: text holds it only by accident
+
+
+class ExactText(TypeDecorator[str]):
+    """Text stored exactly, NUL characters included (a model can emit them, and Postgres
+    text cannot hold them): NUL is written as U+FFFF "0", U+FFFF itself as U+FFFF "1", and
+    read back as they were. Text with neither is stored as it is."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        if value is None or ("\x00" not in value and _ESC not in value):
+            return value
+        return value.replace(_ESC, _ESC + "1").replace("\x00", _ESC + "0")
+
+    def process_result_value(self, value: str | None, dialect: Any) -> str | None:
+        if value is None or _ESC not in value:
+            return value
+        return re.sub(_ESC + "([01])", lambda m: _ESC if m[1] == "1" else "\x00", value)
+
+
 def _status_check(name: str, statuses: tuple[str, ...] = STATUSES) -> CheckConstraint:
     values = ", ".join(f"'{s}'" for s in statuses)
     return CheckConstraint(f"status IN ({values})", name=name)
@@ -124,7 +147,7 @@ class RequestRow(Base):
     priority: Mapped[int | None] = mapped_column(Integer)
     prompt: Mapped[Any | None] = mapped_column(JSONType)  # str | chat messages | {"prompt_token_ids"}
     params: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
-    output: Mapped[str | None] = mapped_column(Text)
+    output: Mapped[str | None] = mapped_column(ExactText)  # the final text, NULs too
     output_token_ids: Mapped[Any | None] = mapped_column(JSONType)
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     usage: Mapped[dict[str, Any] | None] = mapped_column(JSONType)

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from inflight.schemas.errors import StoreError
 from inflight.store.batch_queries import BatchQueries
 from inflight.store.files import FileQueries
-from inflight.store.models import QUEUED, STATUS_RANK, STATUSES, RequestRow, utcnow
+from inflight.store.models import QUEUED, STATUS_RANK, STATUSES, ExactText, RequestRow, utcnow
 from inflight.store.urls import normalize_url, redact
 
 _REQUEST_COLUMNS = tuple(c.name for c in RequestRow.__table__.columns)
@@ -303,6 +303,8 @@ class Store(BatchQueries, FileQueries):
             types = {c.name: c.type.compile(dialect=dialect) for c in table.columns}
             json_cols = {c for c, t in types.items() if t == "JSONB"}
             time_cols = {c for c, t in types.items() if "TIMESTAMP" in t}
+            exact_cols = {c.name: c.type.bind_processor(dialect) or (lambda v: v)
+                          for c in table.columns if isinstance(c.type, ExactText)}
             cols = _REQUEST_COLUMNS
             # binary arrays: no per-element escaping. JSON and VARCHAR(n) columns travel as
             # TEXT[]: an explicit ::VARCHAR(n)[] cast would cut a long value silently, where
@@ -320,6 +322,8 @@ class Store(BatchQueries, FileQueries):
                     vals = [r[c] for r in rows]
                     if c in json_cols:
                         vals = [None if v is None else _json(v) for v in vals]
+                    elif c in exact_cols:  # the column type's own escape (ExactText)
+                        vals = [exact_cols[c](v) for v in vals]
                     elif c in time_cols and any(v is not None and v.tzinfo is None
                                                 for v in vals):
                         raise StoreError(f"naive datetime in {c}: pass an aware one "

@@ -143,5 +143,9 @@ def _may_hold_nul(value: Any) -> bool:
 
 def clean_row(row: dict[str, Any]) -> dict[str, Any]:
     """NUL characters (a model can emit them) are not storable in Postgres text/JSONB:
-    they become U+FFFD in text; `output_token_ids` keeps the exact output."""
-    return {k: (v if k == "output_token_ids" else _clean(v)) for k, v in row.items()}
+    they become U+FFFD in text; `output_token_ids` keeps the exact output, and `output`
+    the exact text (its column type escapes NUL: store/models.ExactText)."""
+    return {k: (v if k in _EXACT else _clean(v)) for k, v in row.items()}
+
+
+_EXACT = frozenset({"output_token_ids", "output"})

@@ -111,6 +111,13 @@ def claim_event(store: Store, event: BatchEventRow, hold_s: float) -> bool:
         return res.rowcount == 1
 
 
+def release_event(store: Store, event: BatchEventRow) -> None:
+    """Give the claim back (its publish failed): the next pass takes it again."""
+    with store.session() as s:
+        s.execute(update(BatchEventRow).where(BatchEventRow.id == event.id)
+                  .values(claimed_until=None))
+
+
 def fan_out(store: Store, event: BatchEventRow, published: bool) -> int:
     """Write one pending delivery per enabled endpoint of the event's owner that wants its
     type, and mark the event fanned out (`published`: it is on the topic too). Returns the

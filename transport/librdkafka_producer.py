@@ -43,7 +43,8 @@ from confluent_kafka import KafkaError as RdError
 from confluent_kafka import KafkaException, Producer
 from kafka.errors import (InvalidRecordError, KafkaError, KafkaTimeoutError,
                           MessageSizeTooLargeError, RecordListTooLargeError,
-                          UnsupportedForMessageFormatError)
+                          UnsupportedForMessageFormatError, TopicAuthorizationFailedError,
+                          UnknownTopicOrPartitionError)
 
 from inflight.schemas.settings import Settings
 from inflight.transport.kafka_clients import producer_config
@@ -209,6 +210,10 @@ def kafka_error(err: Any) -> KafkaError:
         return RecordListTooLargeError(text)
     if code in (RdError.INVALID_RECORD, RdError.INVALID_MSG_SIZE):
         return InvalidRecordError(text)
+    if code in (RdError._UNKNOWN_TOPIC, RdError.UNKNOWN_TOPIC_OR_PART):
+        return UnknownTopicOrPartitionError(text)
+    if code == RdError.TOPIC_AUTHORIZATION_FAILED:
+        return TopicAuthorizationFailedError(text)
     if code == RdError.UNSUPPORTED_FOR_MESSAGE_FORMAT:
         return UnsupportedForMessageFormatError(text)
     if code in (RdError._MSG_TIMED_OUT, RdError._TIMED_OUT, RdError._TIMED_OUT_QUEUE,

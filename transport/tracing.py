@@ -24,6 +24,7 @@ builds it from the settings once.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from typing import Any
@@ -34,6 +35,10 @@ from inflight.schemas.settings import Settings
 _lock = threading.Lock()
 _provider: Any = None           # the process's TracerProvider once built or installed
 _OTEL_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+# tracing off: the trace context an HTTP caller sent (api/tracing.py), which the request it
+# files carries on to Kafka instead of a fresh one (producers/requests_client.py)
+_caller: contextvars.ContextVar[list | None] = contextvars.ContextVar("inflight_caller_trace",
+                                                                     default=None)
 
 
 def endpoint(settings: Settings) -> str | None:
@@ -92,6 +97,19 @@ def flush(timeout_ms: int = 5000) -> None:
     """Export what is buffered (at exit, and in tests)."""
     if _provider is not None:
         _provider.force_flush(timeout_ms)
+
+
+def caller_context() -> list | None:
+    """The traceparent/tracestate headers the current HTTP request came with (tracing off)."""
+    return _caller.get()
+
+
+def set_caller_context(headers: list | None) -> contextvars.Token:
+    return _caller.set(headers)
+
+
+def reset_caller_context(token: contextvars.Token) -> None:
+    _caller.reset(token)
 
 
 # -- context in headers -------------------------------------------------------------------------

@@ -107,12 +107,12 @@ ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Fie
 
 class ChatCompletionRequest(OpenAISampling):
     """POST /v1/chat/completions. Sampling: max_tokens (or max_completion_tokens),
-    temperature, top_p, seed, stop, logprobs + top_logprobs (not with stream), and vLLM's
+    temperature, top_p, seed, stop, logprobs + top_logprobs (streamed: per chunk), and vLLM's
     top_k, stop_token_ids, ignore_eos. Output constraints: response_format (text,
     json_object, json_schema), tools + tool_choice (none, auto, required, a named function)
     + parallel_tool_calls, and vLLM's structured_outputs (json, json_object, regex,
-    choice, grammar, structural_tag). Only the neutral value of n, penalties and logit_bias
-    is accepted (api/models/sampling.py: the fields text completions share)."""
+    choice, grammar, structural_tag). Penalties, logit_bias and vLLM's other sampling
+    controls, and n only at 1: api/models/sampling.py, the fields text completions share."""
 
     messages: Annotated[list[ChatMessageIn], Field(min_length=1, max_length=MAX_MESSAGES)]
     model: Annotated[str, Field(max_length=256)] | None = None
@@ -132,9 +132,6 @@ class ChatCompletionRequest(OpenAISampling):
     def to_wire(self, request_id: str, max_prompt_chars: int, max_bytes: int) -> InferenceRequest:
         if self.top_logprobs and not self.logprobs:
             raise SchemaError("top_logprobs needs logprobs: true", field="top_logprobs")
-        if self.logprobs and self.stream:
-            raise SchemaError("logprobs are answered with the whole completion; use them "
-                              "with stream: false", field="logprobs")
         body = self.model_dump(mode="json", exclude_none=True, by_alias=True,
                                exclude={"stream", "stream_options", "logprobs", "top_logprobs"})
         line = orjson.dumps({"custom_id": request_id, "method": "POST", "url": CHAT_URL,
@@ -212,11 +209,11 @@ def completion(request_id: str, model: str, final: Any, tools: bool = False) -> 
 
 def chunk(request_id: str, model: str, created: int, delta: dict[str, Any],
           finish_reason: str | None = None, usage: dict[str, int] | None = None,
-          with_usage: bool = False) -> dict[str, Any]:
+          with_usage: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": created,
         "model": model,
-        "choices": [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
+        "choices": [] if delta is None else [{"index": 0, "delta": delta, "logprobs": logprobs,
                                               "finish_reason": finish_reason}]}
     if with_usage:
         body["usage"] = usage

@@ -1,7 +1,9 @@
 """The request fields OpenAI's chat and text completions share, typed once: strict as
-OpenAI is ("5" and true are not 5, NaN is not a number), vLLM's top_k, stop_token_ids and
-ignore_eos, and the parameters accepted only at their neutral values (anything else is a
-400 naming the parameter)."""
+OpenAI is ("5" and true are not 5, NaN is not a number), OpenAI's presence_penalty,
+frequency_penalty and logit_bias, vLLM's top_k, stop_token_ids, ignore_eos,
+repetition_penalty, min_p, min_tokens, bad_words and allowed_token_ids (definitions:
+inflight.engine.sampling_params), and `n`, accepted only at 1 (anything else is a 400
+naming the parameter)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inflight.engine.sampling_params import (MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORDS,
+                                             MAX_LOGIT_BIAS, MAX_TOKENS_LIMIT)
 from inflight.schemas.params import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SEED_MAX, TokenId
 
 Strict = Field(strict=True)
@@ -32,9 +36,16 @@ class OpenAISampling(BaseModel):
     ignore_eos: Annotated[bool, Strict] | None = None
     stream: Annotated[bool, Strict] | None = None
     stream_options: StreamOptions | None = None
-    # accepted only at their neutral values
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0, strict=True, allow_inf_nan=False)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0, strict=True, allow_inf_nan=False)] | None = None
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100.0, le=100.0, strict=True, allow_inf_nan=False)]],
+                          Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0, strict=True, allow_inf_nan=False)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0, strict=True, allow_inf_nan=False)] | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT, strict=True)] | None = None
+    bad_words: Annotated[list[StopString], Field(max_length=MAX_BAD_WORDS)] | None = None
+    allowed_token_ids: Annotated[list[Annotated[TokenId, Strict]],
+                                 Field(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
+    # accepted only at its neutral value
     n: Annotated[int, Field(ge=1, le=1, strict=True)] | None = None
-    presence_penalty: Annotated[float, Field(ge=0, le=0, strict=True)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=0, le=0, strict=True)] | None = None
-    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
     user: str | None = None

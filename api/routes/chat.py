@@ -95,7 +95,8 @@ async def _chunks(ctx: ApiContext, rid: str, model: str, stream: ApiStream,
                 break
             for d in (calls.feed(delta) if calls is not None else [{"content": delta}]
                       if delta else []):
-                yield data(chunk(rid, model, created, d, with_usage=include_usage))
+                yield data(chunk(rid, model, created, d, with_usage=include_usage,
+                                 logprobs=_take_logprobs(text)))
         elif isinstance(event, FinalEvent):
             reason = finish_of(event.finish_reason)
             if calls is not None:
@@ -103,7 +104,8 @@ async def _chunks(ctx: ApiContext, rid: str, model: str, stream: ApiStream,
                     yield data(chunk(rid, model, created, d, with_usage=include_usage))
                 if calls.calls and event.tool_calls and reason == "stop":
                     reason = "tool_calls"
-            yield data(chunk(rid, model, created, {}, reason, with_usage=include_usage))
+            yield data(chunk(rid, model, created, {}, reason, with_usage=include_usage,
+                             logprobs=_take_logprobs(text)))
             if include_usage:
                 yield data(chunk(rid, model, created, None, usage=usage_of(event.usage),
                                  with_usage=True))
@@ -114,3 +116,13 @@ async def _chunks(ctx: ApiContext, rid: str, model: str, stream: ApiStream,
                         else "invalid_request_error", err.code, err.param)
             break
     yield b"data: [DONE]\n\n"
+
+
+def _take_logprobs(text: SentText) -> dict[str, Any] | None:
+    """OpenAI's chunk `logprobs` ({"content": [...]}) of the tokens not sent yet (None:
+    none asked for, or none new): they go with the next chunk that carries text."""
+    if not text.logprobs:
+        return None
+    content = [e.model_dump(mode="json") for e in text.logprobs]
+    text.logprobs = []
+    return {"content": content}

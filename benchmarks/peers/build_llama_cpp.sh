@@ -10,21 +10,24 @@
 # override with PEERS_CACHE):
 #   llama_cpp_python-$VERSION/          the unpacked sdist: vendor/llama.cpp, and the ctypes
 #                                       bindings (llama_cpp/llama_cpp.py) the benchmark drives
-#   build/bin/                          llama-bench, llama-batched-bench, llama-completion (the
-#                                       CLI), llama-quantize; libllama.so and its ggml libraries
-#   models/<name>-{F32,Q8_0,Q4_1}.gguf  the model at each precision (below)
+#   build/bin/                          libllama.so and its ggml libraries (LLAMA_TARGETS adds
+#                                       tools, e.g. "llama llama-bench llama-quantize")
+#   models/<name>-{F32,Q8_0,Q4_1}.gguf  the model at each precision (below, written by
+#                                       benchmarks/peers/gguf_precisions.py with the sdist's gguf-py)
 # Nothing here is committed: sources, binaries and models stay in the cache. Native build
 # (-march=native: this machine's AVX-512, VNNI, BF16), Release, shared libraries, no
 # CURL/OpenSSL. NOTE: without ggml's AMX kernels (-mno-amx-*): on this machine (a VM that
 # lists AMX) their first quantized matmul dies with SIGILL in ggml_backend_amx_mul_mat;
 # F32 never reaches them, Q8_0/Q4_1 take the AVX-512 VNNI kernels instead.
-# Takes 10-20 minutes on two cores; reruns skip what exists.
+# The library alone is 78 compile steps (the tools add ~60 more, llama.cpp's `common`): 10-20
+# minutes on two idle cores, much longer on a loaded machine; reruns skip what exists.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 CACHE=${PEERS_CACHE:-.cache/peers}
 JOBS=${JOBS:-$(nproc)}
+TARGETS=${LLAMA_TARGETS:-llama}
 mkdir -p "$CACHE/models"
 CACHE=$(cd "$CACHE" && pwd)
 SRC="$CACHE/llama_cpp_python-$VERSION"
@@ -37,27 +40,24 @@ fi
 
 BUILD="$CACHE/build"
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-if [ ! -x "$BUILD/bin/llama-quantize" ] || [ ! -x "$BUILD/bin/llama-bench" ] || \
-   ! grep -q -- "-mno-amx-tile" "$BUILD/CMakeCache.txt" 2>/dev/null; then
+if [ ! -f "$BUILD/bin/libllama.so" ] || ! grep -q -- "-mno-amx-tile" "$BUILD/CMakeCache.txt" 2>/dev/null; then
     echo "build_llama_cpp: cmake build in $BUILD ($JOBS jobs)"
     cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
         -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON \
         -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX"
-    cmake --build "$BUILD" -j "$JOBS" --target llama llama-bench llama-batched-bench llama-completion llama-quantize
+    cmake --build "$BUILD" -j "$JOBS" --target $TARGETS
 fi
 
 # The GGUF the engine's default model is converted from (the bundled Q4_1 file: token
 # embedding / tied output head in Q8_0, the decoder's projections in Q4_1); F32 is that file
 # dequantized, i.e. the very weights the engine's converted folder holds, and Q8_0 is
-# quantized from them. Q4_1 is the bundled file itself.
+# quantized from them (gguf-py's numpy codecs, the same blocks llama-quantize writes). Q4_1
+# is the bundled file itself.
 SRC_GGUF=${1:-$("$PY" -c "from inflight.engine.bundled_models import SMOLLM2 as m; from inflight.engine.model_folder import _package_dir; print(_package_dir(m, True) / m.gguf)")}
 NAME=$(basename "$SRC_GGUF" .gguf)
 NAME=${NAME%.Q4_1}
-F32="$CACHE/models/$NAME-F32.gguf"
-[ -s "$F32" ] || "$BUILD/bin/llama-quantize" --allow-requantize "$SRC_GGUF" "$F32" F32
-[ -s "$CACHE/models/$NAME-Q8_0.gguf" ] || "$BUILD/bin/llama-quantize" "$F32" "$CACHE/models/$NAME-Q8_0.gguf" Q8_0
-[ -s "$CACHE/models/$NAME-Q4_1.gguf" ] || cp "$SRC_GGUF" "$CACHE/models/$NAME-Q4_1.gguf"
+PYTHONPATH="$SRC/vendor/llama.cpp/gguf-py" "$PY" benchmarks/peers/gguf_precisions.py "$SRC_GGUF" "$CACHE/models/$NAME"
 echo "build_llama_cpp: done: $BUILD/bin, $CACHE/models"
 ls -la "$CACHE/models"

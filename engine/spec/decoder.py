@@ -63,6 +63,10 @@ class SpecDecoder:
         limit = self.config.disable_by_batch_size
         if not running or (limit is not None and len(running) > limit):
             return False
+        # NOTE: logits processors run on one logits row per request: a batch with such a
+        # request in it does not speculate (engine/logits_processors.py)
+        if any(r.params.uses_logits_processors for r in running):
+            return False
         return any(self.enabled_for(r) for r in running)
 
     def propose(self, running: list[Request]) -> dict[Request, list[int]]:

@@ -261,11 +261,12 @@ def register(sub: Any) -> None:
     c.add_argument("--prompt-column", default=None, help="a Parquet table (file.parquet): the "
                    "column whose text is each row's prompt (one request per row)")
     c.add_argument("--id-column", default=None, help="Parquet: the column carried through as "
-                   "custom_id (default: row-<n>)")
+                   "custom_id (default: a column named custom_id or id, else row-<n>)")
     c.add_argument("--system", default=None, help="Parquet, chat: a system message for every row")
     c.add_argument("--template", default=None, help="Parquet: the prompt, with {text} where "
                    "the prompt column's text goes")
-    c.add_argument("--max-tokens", type=int, default=None, help="Parquet: max_tokens of every row")
+    c.add_argument("--max-tokens", type=int, default=None,
+                   help="Parquet: max_tokens of every row (default 256)")
     c.add_argument("--model", default=None, help="Parquet: the model of every row")
     c.set_defaults(func=cmd_create, extra="jobs")
 

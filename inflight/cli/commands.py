@@ -18,7 +18,8 @@ from inflight.schemas import SchemaError, Settings, parse_batch_line
 
 def _params(args: Any) -> dict[str, Any]:
     p: dict[str, Any] = {}
-    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"):
         value = getattr(args, name, None)
         if value is not None:
             p[name] = value
@@ -26,10 +27,25 @@ def _params(args: Any) -> dict[str, Any]:
         p["stop"] = args.stop
     if args.ignore_eos:
         p["ignore_eos"] = True
+    if getattr(args, "logit_bias", None):
+        p["logit_bias"] = dict(_bias(item) for item in args.logit_bias)
+    if getattr(args, "bad_words", None):
+        p["bad_words"] = args.bad_words
+    if getattr(args, "allowed_token_ids", None):
+        p["allowed_token_ids"] = args.allowed_token_ids
     so = _structured(args)
     if so is not None:
         p["structured_outputs"] = so
     return p
+
+
+def _bias(item: str) -> tuple[str, float]:
+    """--logit-bias TOKEN_ID=BIAS"""
+    tid, sep, bias = item.partition("=")
+    try:
+        return str(int(tid)), float(bias)
+    except ValueError:
+        raise SystemExit(f"--logit-bias {item!r}: write TOKEN_ID=BIAS, e.g. 50256=-100") from None
 
 
 def _structured(args: Any) -> dict[str, Any] | None:
@@ -283,6 +299,17 @@ def _add_sampling(p: Any) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--presence-penalty", type=float, default=None, help="OpenAI's, -2..2")
+    p.add_argument("--frequency-penalty", type=float, default=None, help="OpenAI's, -2..2")
+    p.add_argument("--repetition-penalty", type=float, default=None, help="transformers', > 0 (1 = off)")
+    p.add_argument("--min-p", type=float, default=None, help="0..1")
+    p.add_argument("--min-tokens", type=int, default=None)
+    p.add_argument("--logit-bias", action="append", default=None, metavar="TOKEN_ID=BIAS",
+                   help="add BIAS (-100..100) to a token's logit (repeatable)")
+    p.add_argument("--bad-word", dest="bad_words", action="append", default=None,
+                   help="a word never to emit (repeatable)")
+    p.add_argument("--allowed-token-id", dest="allowed_token_ids", action="append", type=int,
+                   default=None, help="sample only these token ids (repeatable)")
 
 
 def register(sub: Any) -> None:

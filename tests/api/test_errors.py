@@ -37,8 +37,8 @@ def test_validation_errors_name_the_parameter(bare):
         err = _error(http.get("/v1/requests/bad%20id!"), 400)
         assert err["param"] == "request_id"
         err = _error(http.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5}), 400)
-        assert err["param"] == "presence_penalty"
+            "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 2.5}), 400)
+        assert err["param"] == "presence_penalty" and "less than or equal to 2" in err["message"]
         err = _error(http.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "n": 2}), 400)
         assert err["param"] == "n"

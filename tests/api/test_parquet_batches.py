@@ -27,14 +27,15 @@ def test_parquet_table_round_trip(stack, tmp_path):
     from inflight.producers.client import Client
 
     src = tmp_path / "table.parquet"
-    table = pa.table({"doc_id": pa.array([1000 + i for i in range(ROWS)], pa.int64()),
+    table = pa.table({"id": pa.array([1000 + i for i in range(ROWS)], pa.int64()),
                       "text": [f"red green {i}" for i in range(ROWS)],
                       "score": pa.array([i / 10 for i in range(ROWS)], pa.float64())})
     pq.write_table(table, src, row_group_size=8)
     with Client(stack.settings) as client:
-        b = client.create_batch(src, endpoint=CHAT, prompt_column="text", id_column="doc_id",
+        # the `id` column is taken as custom_id without being named
+        b = client.create_batch(src, endpoint=CHAT, prompt_column="text",
                                 system="Be brief.", template="Say: {text}", max_tokens=3)
-        assert b.parquet_source["id_column"] == "doc_id"
+        assert b.parquet_source["id_column"] == "id"
         done = client.wait_batch(b.id, timeout=120)
         assert done.status == "completed" and done.request_completed == ROWS
         row = client.store.get_request(request_id_for(b.id, "1003"))
@@ -43,18 +44,18 @@ def test_parquet_table_round_trip(stack, tmp_path):
         out = tmp_path / "out.parquet"
         assert write_results(client.store, done, out) == ROWS
         got = pq.read_table(out)
-        assert got.column_names == ["doc_id", "text", "score", "status", "response_text",
+        assert got.column_names == ["id", "text", "score", "status", "response_text",
                                     "finish_reason", "prompt_tokens", "completion_tokens",
                                     "error"]
         pf = pq.ParquetFile(out)
         assert pf.metadata.num_row_groups >= 1
         rows = got.to_pylist()
-        assert sorted(r["doc_id"] for r in rows) == [1000 + i for i in range(ROWS)]
+        assert sorted(r["id"] for r in rows) == [1000 + i for i in range(ROWS)]
         for r in rows:
-            stored = client.store.get_request(request_id_for(b.id, str(r["doc_id"])))
+            stored = client.store.get_request(request_id_for(b.id, str(r["id"])))
             assert r["status"] == "completed" and r["error"] is None
             assert r["completion_tokens"] == stored.usage["completion_tokens"] <= 3
-            assert r["score"] == (r["doc_id"] - 1000) / 10
+            assert r["score"] == (r["id"] - 1000) / 10
 
 
 def test_results_as_parquet_over_http(stack):

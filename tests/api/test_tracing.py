@@ -124,3 +124,78 @@ def test_tracing_is_off_without_an_endpoint_and_on_with_one(monkeypatch):
     assert tracing.endpoint(Settings()) == "http://collector:4318"
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     assert tracing.endpoint(on) is None
+
+
+def test_tracing_off_the_callers_traceparent_still_reaches_kafka(bare):
+    """No OTLP endpoint: the API files the request with the HTTP caller's traceparent and
+    tracestate (a malformed one: a fresh trace instead)."""
+    from inflight.api.keys import create_key
+    from tests.consumers.conftest import read_topic
+
+    key = create_key(bare.store, "trace-off")
+    caller = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01".encode()
+    ids = {}
+    with bare.http(key) as http:
+        for name, header in (("valid", caller), ("malformed", b"00-nothex-01")):
+            rid = f"{name}-{uuid.uuid4().hex[:8]}"
+            r = http.post("/v1/requests", json={"request_id": rid, "prompt": "x"},
+                          headers={"traceparent": header.decode(), "tracestate": "v=1"})
+            assert r.status_code == 202, r.text
+            ids[name] = rid.encode()
+    recs = read_topic(bare.settings, bare.settings.topic_requests,
+                      until=lambda rs: set(ids.values()) <= {r.key for r in rs})
+    got = {r.key: dict(r.headers) for r in recs if r.key in ids.values()}
+    assert got[ids["valid"]]["traceparent"] == caller
+    assert got[ids["valid"]]["tracestate"] == b"v=1"
+    fresh = got[ids["malformed"]]["traceparent"]
+    assert fresh != b"00-nothex-01" and len(fresh) == 55
+    assert got[ids["valid"]]["inflight-request-id"] == ids["valid"]
+
+
+def test_spans_reach_a_real_otlp_http_receiver(monkeypatch):
+    """The settings path (no provider installed): the SDK's OTLP/HTTP exporter posts the
+    spans to INFLIGHT_OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces, service name and all."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from inflight.schemas import Settings
+    from inflight.transport import tracing
+
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME", "OTEL_SDK_DISABLED"):
+        monkeypatch.delenv(name, raising=False)
+    got: list[tuple[str, bytes]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            got.append((self.path, self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    tracing.install(None)
+    try:
+        settings = Settings(otel_exporter_otlp_endpoint=f"http://127.0.0.1:{server.server_port}",
+                            otel_service_name="inflight-test")
+        tracer = tracing.tracer(settings, "inflight.worker")
+        with tracer.start_as_current_span("inflight.request", attributes={"inflight.request_id": "r1"}):
+            pass
+        tracing.flush()
+        assert got and got[0][0] == "/v1/traces"
+        req = ExportTraceServiceRequest.FromString(got[0][1])
+        (rs,) = req.resource_spans
+        service = {a.key: a.value.string_value for a in rs.resource.attributes}["service.name"]
+        spans = [s for ss in rs.scope_spans for s in ss.spans]
+        assert service == "inflight-test" and [s.name for s in spans] == ["inflight.request"]
+    finally:
+        provider = tracing._provider
+        tracing.install(None)
+        if provider is not None:
+            provider.shutdown()
+        server.shutdown()

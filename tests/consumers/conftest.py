@@ -82,6 +82,19 @@ def migrated(url: str) -> str:
     return url
 
 
+def create_topic(settings: Settings, name: str, partitions: int = 2) -> None:
+    """One more topic on the test's broker (a reply_to topic)."""
+    from kafka.admin import NewTopic
+
+    from inflight.transport.topics_admin import admin_client
+
+    admin = admin_client(settings)
+    try:
+        admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        admin.close()
+
+
 def read_topic(settings: Settings, topic: str, *, until=None, timeout: float = 10.0) -> list:
     """Every record of `topic` from the beginning (stops when `until(records)` or timeout)."""
     from kafka import TopicPartition

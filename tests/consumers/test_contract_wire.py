@@ -13,7 +13,8 @@ import uuid
 import pytest
 from jsonschema import Draft202012Validator
 
-from tests.consumers.conftest import Service, make_settings, read_topic, tiny_engine, wait_rows
+from tests.consumers.conftest import (Service, create_topic, make_settings, read_topic,
+                                      tiny_engine, wait_rows)
 
 pytestmark = [pytest.mark.broker]
 
@@ -66,7 +67,7 @@ def test_captured_messages_match_the_committed_schemas_and_headers_travel(servic
     tag = uuid.uuid4().hex[:6]
     # 1) the Client, with the caller's trace context and a header of its own
     ours = client.submit("one two three", {"max_tokens": 6, "temperature": 0},
-                         request_id=f"c-{tag}", metadata={"k": "v"},
+                         request_id=f"c-{tag}", metadata={"k": "v"}, tenant="acme",
                          headers=[("traceparent", PARENT.encode()), ("tracestate", b"vendor=1"),
                                   ("x-pipeline-run", b"run-7")])
     # 2) a foreign producer: a plain dict built from the schema, headers of its own (one
@@ -90,6 +91,7 @@ def test_captured_messages_match_the_committed_schemas_and_headers_travel(servic
     assert rows[f"bad-{tag}"].status == "failed"
     # the recorder stores the trace id of the traceparent
     assert rows[ours].trace_id == TRACE and rows[foreign].trace_id == foreign_trace
+    assert client.result(ours).trace_id == TRACE
 
     schemas = _schemas()
     seen: dict[str, int] = {}
@@ -135,7 +137,7 @@ def test_captured_messages_match_the_committed_schemas_and_headers_travel(servic
     for rec in mine:
         hs = _headers(rec)
         assert hs["traceparent"] == PARENT.encode() and hs["tracestate"] == b"vendor=1"
-        assert hs["x-pipeline-run"] == b"run-7"
+        assert hs["x-pipeline-run"] == b"run-7" and hs["inflight-tenant"] == b"acme"
     # the foreign request's events: its headers unchanged and in order, after ours; the
     # header named like ours is copied, never read as the tenant
     theirs = [r for r in results + tokens if r.key == foreign.encode()]
@@ -168,18 +170,6 @@ def test_a_plain_dict_from_the_schema_completes(service):
     assert row.trace_id is None  # no traceparent: nothing made up downstream
 
 
-def _create_topic(settings, name: str, partitions: int = 2) -> None:
-    from kafka.admin import NewTopic
-
-    from inflight.transport.topics_admin import admin_client
-
-    admin = admin_client(settings)
-    try:
-        admin.create_topics([NewTopic(name, partitions, 1)])
-    finally:
-        admin.close()
-
-
 def test_reply_to_gets_the_final_and_deltas_and_refusals_end_at_intake(service):
     """A request naming reply_to: its token deltas and its final also on that topic, keyed
     by request id, with the request's headers; a topic that does not exist, one the
@@ -187,7 +177,7 @@ def test_reply_to_gets_the_final_and_deltas_and_refusals_end_at_intake(service):
     s, client = service.settings, service.client
     tag = uuid.uuid4().hex[:6]
     reply = f"replies-{tag}"
-    _create_topic(s, reply)
+    create_topic(s, reply)
     ok = client.submit({"prompt": "one two", "reply_to": reply, "stream": True},
                        {"max_tokens": 5, "temperature": 0}, request_id=f"r-{tag}",
                        headers=[("x-team", b"a")])
@@ -224,7 +214,7 @@ def test_a_stricter_reply_to_pattern_refuses_other_topics(broker, tmp_path):
 
     s = make_settings(broker, f"sqlite:///{tmp_path / 'x.db'}", reply_to_pattern=r"team-a\..+")
     topics = ReplyTopics(s)
-    _create_topic(s, "team-b.out")
+    create_topic(s, "team-b.out")
     assert "INFLIGHT_REPLY_TO_PATTERN" in topics.refusal("team-b.out")
     assert "does not exist" in topics.refusal(f"team-a.{uuid.uuid4().hex[:6]}")
     with pytest.raises(ConfigError, match="INFLIGHT_REPLY_TO_PATTERN"):

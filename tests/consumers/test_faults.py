@@ -9,13 +9,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
+
+import orjson
 
 import pytest
 
 from inflight.schemas import SamplingParams
-from tests.consumers.conftest import (Service, make_settings, migrated, results_by_request,
-                                      tiny_engine, wait_rows)
+from tests.consumers.conftest import (Service, create_topic, make_settings, migrated,
+                                      read_topic, results_by_request, tiny_engine, wait_rows)
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -32,6 +35,18 @@ def _worker_process(settings, model: Path, log: Path) -> subprocess.Popen:
                             env=env, cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 
 
+def _then_more(done, polls: int = 5):
+    """read_topic's `until`: true `polls` polls after `done` first is."""
+    seen = []
+
+    def until(recs) -> bool:
+        if seen or done(recs):
+            seen.append(1)
+        return len(seen) > polls
+
+    return until
+
+
 def test_kill9_worker_mid_run_every_request_ends_with_one_final_row(broker, tiny_model, db_url,
                                                                     tmp_path):
     from inflight.producers.client import Client
@@ -39,13 +54,18 @@ def test_kill9_worker_mid_run_every_request_ends_with_one_final_row(broker, tiny
 
     url = migrated(db_url)
     settings = make_settings(broker, url, worker_max_inflight=4)
+    # every request also names a reply_to topic (docs/kafka-contract.md): its finals there
+    # must be the shared topic's, attempt for attempt, none twice
+    reply = f"{settings.topic_results}.replies"
+    create_topic(settings, reply)
     store = Store(url)
     recorder = Service(settings, None, store, worker=False)
     client = Client(settings, store=store)
     log = tmp_path / "worker.log"
     params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0)
     prompts = [f"one two three {w}" for w in "red green blue yellow purple orange black white".split()] * 3
-    ids = client.submit_many(prompts, params)
+    ids = client.submit_many([{"prompt": p, "reply_to": reply, "stream": i % 2 == 0}
+                              for i, p in enumerate(prompts)], params)
     first = _worker_process(settings, tiny_model, log)
     try:
         deadline = time.monotonic() + 60
@@ -79,6 +99,18 @@ def test_kill9_worker_mid_run_every_request_ends_with_one_final_row(broker, tiny
             # graceful stop of the survivor: SIGTERM -> drain, commit, leave the group, exit 0
             second.send_signal(signal.SIGTERM)
             assert second.wait(30) == 0, log.read_text()[-3000:]
+            # (after the stop: no final of a redone attempt is still on its way; each read
+            # goes on for a few polls past what it waits for, to see any extra copy)
+            finals_of = lambda recs: Counter(  # noqa: E731
+                (r.key.decode(), orjson.loads(r.value)["attempt"]) for r in recs
+                if b'"type":"final"' in r.value and r.key.decode() in ids)
+            shared = finals_of(read_topic(settings, settings.topic_results, timeout=30,
+                                          until=_then_more(lambda rs: {k for k, _ in finals_of(rs)}
+                                                           >= set(ids))))
+            got = finals_of(read_topic(settings, reply, timeout=30,
+                                       until=_then_more(lambda rs: sum(finals_of(rs).values())
+                                                        >= sum(shared.values()))))
+            assert got == shared and set(got.values()) == {1}, (got, shared)
         finally:
             if second.poll() is None:
                 second.kill()

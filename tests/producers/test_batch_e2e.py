@@ -190,8 +190,8 @@ def test_batch_completes_and_matches_the_engine(env, batch_model, tmp_path):
         want = ref[o["custom_id"]]
         body = o["response"]["body"]
         assert o["error"] is None and o["response"]["status_code"] == 200
-        # (the store keeps NUL as U+FFFD, as Postgres cannot hold it; token ids are exact)
-        assert body["choices"][0]["message"]["content"] == want.text.replace("\x00", "\ufffd")
+        # the exact text, NULs too (store/models.ExactText: Postgres text cannot hold NUL)
+        assert body["choices"][0]["message"]["content"] == want.text
         assert body["choices"][0]["finish_reason"] == want.finish_reason
         assert body["usage"]["completion_tokens"] == len(want.token_ids)
         assert body["model"] == "tiny-llama"

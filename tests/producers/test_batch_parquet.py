@@ -15,8 +15,8 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 
-def write(tmp_path, **cols):
-    path = tmp_path / "t.parquet"
+def write(tmp_path, name="t.parquet", **cols):
+    path = tmp_path / name
     pq.write_table(pa.table(cols), path, row_group_size=3)
     return path
 
@@ -33,8 +33,13 @@ def test_rows_become_chat_lines(tmp_path):
                                  "max_tokens": 7}}
     plain = [orjson.loads(x) for x in table_lines(path, endpoint="/v1/completions",
                                                   prompt_column="text", max_tokens=2)]
-    assert plain[0]["custom_id"] == "row-0" and plain[4]["body"] == {"prompt": "five",
-                                                                      "max_tokens": 2}
+    assert plain[0]["custom_id"] == "a" and plain[4]["body"] == {"prompt": "five",
+                                                                  "max_tokens": 2}
+    anon = write(tmp_path, "anon.parquet", text=["x", "y"])          # no id column: row numbers
+    rows = [orjson.loads(x) for x in table_lines(anon, endpoint="/v1/completions",
+                                                 prompt_column="text")]
+    assert [r["custom_id"] for r in rows] == ["row-0", "row-1"]
+    assert rows[0]["body"]["max_tokens"] == 256        # the default
     emb = [orjson.loads(x) for x in table_lines(path, endpoint="/v1/embeddings",
                                                 prompt_column="text")]
     assert emb[1]["body"] == {"input": "two"}

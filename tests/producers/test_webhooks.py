@@ -229,3 +229,27 @@ def test_signature_matches_the_standard_webhooks_reference():
     assert sig == wh.sign("msg_p5jXN8AQM9LWM0D4loKWxJek",
                           __import__("datetime").datetime.fromtimestamp(
                               1614265330, __import__("datetime").timezone.utc), body.decode())
+
+
+def test_a_failed_publish_keeps_the_event_for_the_next_pass(db_url, receiver):
+    store = Store(db_url, create=True)
+    s, owner, rx = settings(), f"o-{uuid.uuid4().hex[:8]}", receiver()
+    try:
+        webhooks.register(store, s, url=rx.url, events=None, owner=owner)
+        bid = completed_batch(store, owner)
+
+        def down(b, body):
+            raise OSError("broker away")
+        report = webhooks.deliver(store, s, publish=down)
+        assert report.publish_failed >= 1 and rx.got == []
+        sent: list[str] = []
+        deliver_until(store, s, lambda: len(rx.got) >= 1, publish=lambda b, body: sent.append(b))
+        assert bid in sent and orjson_id(rx.got[0][1]) == bid
+    finally:
+        store.close()
+
+
+def orjson_id(body: bytes) -> str:
+    import orjson
+
+    return orjson.loads(body)["data"]["id"]

@@ -35,6 +35,15 @@ def test_openai_chat_line_with_content_parts():
     assert req.params.max_tokens == 4
 
 
+def test_openai_sampling_controls_reach_the_params():
+    p = parse_batch_line(openai(presence_penalty=0.5, frequency_penalty=-1.0, logit_bias={"3": -100},
+                                repetition_penalty=1.2, min_p=0.1, min_tokens=2, bad_words=["x"],
+                                allowed_token_ids=[1, 2])).params
+    assert (p.presence_penalty, p.frequency_penalty, p.logit_bias, p.repetition_penalty, p.min_p,
+            p.min_tokens, p.bad_words, p.allowed_token_ids) == (
+        0.5, -1.0, {3: -100.0}, 1.2, 0.1, 2, ("x",), (1, 2))
+
+
 def test_openai_token_id_prompt():
     assert parse_batch_line(openai(prompt=[1, 2, 3])).prompt_token_ids == [1, 2, 3]
     assert parse_batch_line(openai(prompt=["one"])).prompt == "one"
@@ -43,7 +52,9 @@ def test_openai_token_id_prompt():
 @pytest.mark.parametrize("line, field, words", [
     (openai(n=2), "body.n", "not supported"),
     (openai(stream=True), "body.stream", "not supported"),
-    (openai(presence_penalty=0.5), "body.presence_penalty", "not supported"),
+    (openai(presence_penalty=2.5), "body.presence_penalty", "less than or equal to 2"),
+    (openai(logit_bias={"12": 500}), "body.logit_bias.12", "[-100, 100]"),
+    (openai(min_tokens=10, max_tokens=5), "body.min_tokens", "more than max_tokens"),
     (openai(frobnicate=1), "body.frobnicate", "frobnicate"),
     (openai(top_p=0), "body.top_p", "greater than 0"),
     (openai(max_tokens=-5), "body.max_tokens", "greater than or equal to 1"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from inflight.engine.sampling_params import seed_for
 from inflight.schemas import (PRIORITY_INTERACTIVE, InferenceRequest, SamplingParams, SchemaError,
                      decode_request, encode)
 
@@ -18,7 +19,9 @@ def raw(**fields) -> bytes:
 def test_minimal_request_decodes_with_defaults():
     req = decode_request(raw())
     assert req.request_id == "req-1" and req.prompt == "Hello"
-    assert req.params == SamplingParams()
+    # unseeded: the seed fixed from the request id (the same on every decode of it)
+    assert req.params == SamplingParams(seed=seed_for("req-1"))
+    assert decode_request(raw()).params.seed == seed_for("req-1") != seed_for("req-2")
     assert req.priority == PRIORITY_INTERACTIVE and req.schema_version == 1
     assert req.submitted_at > 0
 
@@ -29,7 +32,7 @@ def test_round_trip_with_all_inputs():
         req = InferenceRequest(request_id="r", params=SamplingParams(stop="END", seed=7),
                                batch_id="b-1", metadata={"a": [1, {"b": None}]}, **kind)
         assert decode_request(encode(req)) == req
-    assert req.params.stop == ("END",)
+    assert req.params.stop == ("END",) and req.params.seed == 7  # a given seed is kept
 
 
 @pytest.mark.parametrize("data, field, words", [

@@ -268,3 +268,19 @@ def test_a_value_too_long_for_its_column_is_refused_not_cut(store: Store):
     assert store.get_request("long-worker") is None
     store.upsert_requests([final("ok-worker", "x", worker="w" * 256)])
     assert store.get_request("ok-worker").worker == "w" * 256
+
+
+@pytest.mark.parametrize("text", ["plain", "a\x00b", "\x00", "x\uffff0y\x00\uffff1\uffff",
+                                  "\ufffd\x00\uffff\uffff"])
+def test_final_text_is_stored_exactly_nul_included(store: Store, text: str):
+    """The stored text is the final event's, NUL characters too (Postgres text cannot hold
+    them: the column escapes them, store/models.ExactText), through every reader."""
+    from inflight.store.rows import clean_row
+
+    rid = f"nul-{uuid.uuid4().hex[:8]}"
+    ev = FinalEvent(request_id=rid, text=text, token_ids=[0, 5], finish_reason="length",
+                    usage=Usage(prompt_tokens=2, completion_tokens=2),
+                    timings=Timings(queued_at=1.0e9, finished_at=1.0e9 + 2), worker="w0")
+    store.upsert_requests([clean_row(final_row(ev))])  # as the recorder writes it
+    assert store.get_request(rid).output == text
+    assert store.result_rows([rid])[rid]["output"] == text
