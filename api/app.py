@@ -27,8 +27,8 @@ from inflight.api.cache import FinalAnswers
 from inflight.api.context import ApiContext, db_slots
 from inflight.api.limits import BodyLimitMiddleware
 from inflight.api.metrics import ApiMetrics, MetricsMiddleware
-from inflight.api.routes import (batches, chat, completions, embeddings, files, health, message_batches,
-                                 messages, models, requests, usage, webhooks)
+from inflight.api.routes import (batches, chat, completions, embeddings, files, health, lora,
+                                 message_batches, messages, models, requests, usage, webhooks)
 from inflight.api.served_models import ApiModels, default_context
 from inflight.api.streams import Streams
 from inflight.api.tracing import TraceparentMiddleware, TracingMiddleware
@@ -135,7 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "route but /healthz, /readyz and /metrics needs an API key.")
     errors.install(app)
     for module in (health, models, requests, chat, completions, messages, files, batches,
-                   message_batches, embeddings, usage, webhooks):
+                   message_batches, embeddings, usage, webhooks, lora):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, body_bytes=settings.api_max_body_bytes,
                        upload_bytes=settings.api_max_upload_bytes)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from inflight.consumers.thread_messages import (AbortRequest, AddFailed, AddRequest,
+from inflight.consumers.thread_messages import (AbortRequest, AddFailed, AddRequest, LoraControl,
                                                 EngineCommand, PublisherCommand, Slots,
                                                 StepOutputs)
 from inflight.schemas.errors import InflightError
@@ -101,6 +101,10 @@ class EngineLoop:
 
     def abort(self, attempt: str) -> None:
         self.inbox.put(AbortRequest(attempt))
+
+    def lora(self, command: Any, adapters: set[str]) -> None:
+        """Load / unload a LoRA adapter on the engine's thread (see LoraControl)."""
+        self.inbox.put(LoraControl(command, adapters))
 
     def start(self) -> "EngineLoop":
         self.thread = threading.Thread(target=self.run, name="engine", daemon=True)
@@ -179,9 +183,30 @@ class EngineLoop:
             self._apply_inbox()
         return True
 
+    def _apply_lora(self, cmd: LoraControl) -> None:
+        c = cmd.command
+        try:
+            if c.action == "load":
+                if c.lora_name in cmd.adapters:
+                    log.info("LoRA adapter %r is loaded already: load ignored", c.lora_name)
+                    return
+                self.engine.add_lora(c.lora_name, c.lora_path)
+                cmd.adapters.add(c.lora_name)
+            else:
+                if c.lora_name not in cmd.adapters:
+                    return
+                self.engine.remove_lora(c.lora_name)
+                cmd.adapters.discard(c.lora_name)
+            log.info("LoRA adapter %r %sed", c.lora_name, c.action)
+        except (InflightError, AttributeError) as exc:
+            log.warning("LoRA %s of %r failed: %s", c.action, c.lora_name, exc)
+
     def _apply(self, cmd: EngineCommand) -> None:
         if type(cmd) is AbortRequest:
             self.engine.abort(cmd.attempt)
+            return
+        if type(cmd) is LoraControl:
+            self._apply_lora(cmd)
             return
         # NOTE: `tools` only when given: an engine (or a fake) whose template takes none
         # is never handed the keyword

@@ -21,6 +21,7 @@ accepted length = 1 + accepted / drafts.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +114,8 @@ class EngineMetrics:
                         "spec_decode_num_drafts": 0, "spec_decode_num_draft_tokens": 0,
                         "spec_decode_num_accepted_tokens": 0}
         self._per_pos_totals: list[int] = []
+        self._registry = registry
+        self._lora = LoraMetrics(registry, model_name)
 
     def observe_first(self, out: RequestOutput, now: float) -> float:
         """A request's first token(s) (TTFT, its prompt tokens); returns the time of its
@@ -155,6 +158,8 @@ class EngineMetrics:
             if value > self._totals[key]:
                 counter.inc(value - self._totals[key])
             self._totals[key] = value
+        if "lora_loaded" in stats:  # an engine with adapter slots
+            self._lora.observe(stats)
         per_pos = stats.get("spec_decode_accepted_per_pos") or []
         seen = self._per_pos_totals
         for pos in range(len(seen), len(per_pos)):  # every position exported, from 0
@@ -164,3 +169,46 @@ class EngineMetrics:
             if value > seen[pos]:
                 self._per_pos.labels(self._model_name, str(pos)).inc(value - seen[pos])
                 seen[pos] = value
+
+
+LORA_LOAD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class LoraMetrics:
+    """LoRA adapters (engine/lora): vLLM's `vllm:lora_requests_info` (value: the time of the
+    last change; labels: the adapters of running and of waiting requests, comma-separated,
+    and max_lora), slot loads, evictions and load times."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str):
+        self._info = Gauge("vllm:lora_requests_info", "running and waiting LoRA adapters",
+                           ["model_name", "max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+                           registry=registry)
+        self._loads = Counter("inflight_lora_loads", "LoRA adapters loaded into a slot",
+                              ["model_name"], registry=registry).labels(model_name)
+        self._evictions = Counter("inflight_lora_evictions", "idle LoRA adapters evicted from a slot",
+                                  ["model_name"], registry=registry).labels(model_name)
+        self._resident = Gauge("inflight_lora_resident", "LoRA adapters resident in slots",
+                               ["model_name"], registry=registry).labels(model_name)
+        self._load_time = Histogram("inflight_lora_load_seconds", "time to load a LoRA adapter into a slot",
+                                    ["model_name"], buckets=LORA_LOAD_BUCKETS,
+                                    registry=registry).labels(model_name)
+        self._model_name = model_name
+        self._labels: tuple[str, ...] | None = None
+        self._totals = {"lora_loads": 0, "lora_evictions": 0}
+
+    def observe(self, stats: dict[str, Any]) -> None:
+        labels = (self._model_name, str(stats.get("lora_max", 0)),
+                  ",".join(stats.get("lora_running") or []), ",".join(stats.get("lora_waiting") or []))
+        if labels != self._labels:
+            if self._labels is not None:
+                self._info.remove(*self._labels)
+            self._info.labels(*labels).set(time.time())
+            self._labels = labels
+        for key, counter in (("lora_loads", self._loads), ("lora_evictions", self._evictions)):
+            value = stats.get(key, 0)
+            if value > self._totals[key]:
+                counter.inc(value - self._totals[key])
+            self._totals[key] = value
+        self._resident.set(stats.get("lora_resident", 0))
+        for seconds in stats.get("lora_load_seconds_new") or ():
+            self._load_time.observe(seconds)

@@ -174,7 +174,9 @@ class Intake:
         # every round: the cancel reader's own thread has read them (consumers/cancel.py),
         # so taking them costs no wait, and a batch's cancel stops its admission at once
         for cancel, at in self.cancels.poll():
-            if cancel.batch_id is not None:
+            if cancel.lora is not None:
+                self._lora(cancel.lora)
+            elif cancel.batch_id is not None:
                 self._cancel_batch(cancel.batch_id, at)
             else:
                 self._cancel(cancel.request_id)
@@ -338,7 +340,19 @@ class Intake:
         """Hand `item` to the publisher (never waits: see the module's NOTE)."""
         self.publish.put(item)
 
-    # -- cancels ----------------------------------------------------------------------------
+    # -- cancels and LoRA commands -------------------------------------------------------------
+    def _lora(self, cmd) -> None:
+        """A LoRA load/unload for this worker's model (or every worker's): applied on the
+        engine's thread, which updates `serving.adapters` once it succeeds."""
+        if cmd.model is not None and cmd.model != self.serving.model:
+            return
+        lora = getattr(self.engine, "lora", None)
+        if lora is None:
+            log.warning("LoRA %s of %r ignored: this worker's engine loop takes no adapters",
+                        cmd.action, cmd.lora_name)
+            return
+        lora(cmd, self.serving.adapters)
+
     def _cancel(self, rid: str) -> None:
         self.cancelled.add(rid)
         job = self.by_id.get(rid)

@@ -170,7 +170,16 @@ class AbortRequest:
     attempt: str
 
 
-EngineCommand = AddRequest | AbortRequest
+@dataclass(frozen=True, slots=True)
+class LoraControl:
+    """Load or unload a LoRA adapter on the engine's thread (schemas/lora.py); on success
+    `adapters` (the worker's Serving.adapters: what it routes and announces) follows."""
+
+    command: Any            # schemas.lora.LoraCommand
+    adapters: set[str]
+
+
+EngineCommand = AddRequest | AbortRequest | LoraControl
 
 
 # -- the rebalance listener (kafka-python's I/O thread) -> intake ------------------------------

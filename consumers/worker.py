@@ -278,6 +278,12 @@ class Worker:
 
     def _beat(self) -> None:
         if self.announcer is not None:
+            adapters = sorted(self.serving.adapters)  # loaded / unloaded at run time
+            records = self.announcer.records
+            if records and records[0].adapters != adapters:
+                records[0] = records[0].model_copy(update={"adapters": adapters})
+                self.announcer.beat(force=True)
+                return
             self.announcer.beat()
 
     def withdraw(self) -> None:

@@ -132,6 +132,7 @@ class Client:
     cancel = _by("requests_client", RequestsClient.cancel)
     cancel_many = _by("requests_client", RequestsClient.cancel_many)
     cancel_batch_requests = _by("requests_client", RequestsClient.cancel_batch_requests)
+    lora_command = _by("requests_client", RequestsClient.lora_command)
     publish_encoded = _by("requests_client", RequestsClient.publish_encoded)
     stream = _by("requests_client", RequestsClient.stream)
     wait = _by("requests_client", RequestsClient.wait)

@@ -324,6 +324,20 @@ class RequestsClient:
         self.flush()
         return n
 
+    def lora_command(self, action: str, lora_name: str, lora_path: str | None = None,
+                     model: str | None = None) -> None:
+        """Tell the workers of `model` (None: every worker) to load or unload a LoRA
+        adapter (schemas/lora.py), on the control topic; waits for the broker's
+        acknowledgement. ValueError naming a malformed field."""
+        from inflight.schemas.lora import LoraCommand, check_lora_command, lora_command
+
+        key, value = lora_command(check_lora_command(LoraCommand(action, lora_name, lora_path, model)))
+        try:
+            self.producer.send(self.settings.topic_cancel, key=key, value=value)
+        except KafkaError as exc:
+            raise BrokerError(f"publishing the LoRA {action} of {lora_name!r} failed: {exc}") from exc
+        self.flush()
+
     def cancel_batch_requests(self, batch_id: str) -> None:
         """One cancel for every request of the batch (the queued ones end `cancelled`
         without running), then wait for the broker's acknowledgement. `cancel_batch` moves

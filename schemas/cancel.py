@@ -17,14 +17,17 @@ import orjson
 from pydantic import ConfigDict, model_validator
 
 from inflight.schemas.base import ID_RE, SCHEMA_VERSION, WireId, WireModel
+from inflight.schemas.lora import LoraCommand, parse_lora_command
 
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """One cancel: exactly one of the two is set."""
+    """One cancel: exactly one of the two is set (or, instead, a LoRA command for the
+    workers: schemas/lora.py)."""
 
     request_id: str | None = None
     batch_id: str | None = None
+    lora: LoraCommand | None = None
 
 
 class CancelMessage(WireModel):
@@ -66,6 +69,9 @@ def parse_cancel(value: bytes | None, key: bytes | None) -> Cancel | None:
         except orjson.JSONDecodeError:
             obj = raw.decode("utf-8", "replace").strip()
         if isinstance(obj, dict):
+            if obj.get("type") == "lora":
+                cmd = parse_lora_command(obj)
+                return Cancel(lora=cmd) if cmd is not None else None
             if "batch_id" in obj and "request_id" not in obj:
                 bid = obj["batch_id"]  # never read the key as a request id then
                 return Cancel(batch_id=bid) if isinstance(bid, str) and ID_RE.match(bid) else None

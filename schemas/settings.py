@@ -183,6 +183,10 @@ class Settings(BaseSettings):
     # adapters a worker serves from its start, {name: PEFT folder}, as JSON:
     # INFLIGHT_WORKER_LORAS='{"team-a": "/adapters/a"}'; `inflight worker --lora NAME=PATH`
     worker_loras: dict[str, str] = Field(default_factory=dict)
+    # API keys (their owners or key ids) that may load and unload LoRA adapters at run time
+    # (POST /v1/load_lora_adapter, /v1/unload_lora_adapter), as JSON: '["ops"]'; with
+    # INFLIGHT_API_AUTH=off anyone may
+    api_lora_admins: list[str] = Field(default_factory=list)
     # --device cuda:auto: workers of one host claim distinct GPUs through lock files here
     gpu_lock_dir: Path | None = None  # None = <data_dir>/gpu-locks
 

@@ -16,6 +16,9 @@
 #   profile-*   benchmarks/step_profile.py, batch 1/32/256, CUDA graphs on and off
 #   throughput-* benchmarks/throughput.py --device cuda, 2,048 requests vs HF static batches
 #   kernels     benchmarks/bench_kernels.py --quick (eager and CUDA-graph replay)
+#   lora        the LoRA shrink/expand kernel (kernels/triton_lora.py) against its torch
+#               references on CUDA (tests/kernels/test_lora.py; the engine-level LoRA
+#               tests need peft, which the box lacks)
 #   quant-tests the W8A16 / W4A16 kernel tests on CUDA (tests/kernels/test_quant_matmul.py)
 #   quant       benchmarks/bench_quant_gemm.py: the 1B shape's GEMMs at batch 1/16/64 vs bf16
 #               cuBLAS (CUDA-graph replay), then decode ms/step of the 1B model quantized
@@ -162,6 +165,9 @@ done
 
 # -- kernels ---------------------------------------------------------------------------------
 stage kernels 120 "$PY" benchmarks/bench_kernels.py --quick --json "$WORK/json/kernels.json"
+
+# -- LoRA: the segmented gather matmul on CUDA against its torch references ---------------------
+stage lora 60 "$PY" -m pytest -q -p no:cacheprovider -x tests/kernels/test_lora.py
 
 # -- quantized GEMMs and decode steps ------------------------------------------------------------
 if [ "$SMOKE" = 1 ]; then

@@ -145,4 +145,7 @@ class LoraManager:
 
     def stats(self) -> dict:
         return {"lora_loaded": len(self.paths), "lora_resident": len(self.slot_of),
-                "lora_loads": self.num_loads, "lora_evictions": self.num_evictions}
+                "lora_max": self.slots.num_slots, "lora_loads": self.num_loads,
+                "lora_evictions": self.num_evictions,
+                # NOTE: drained: each slot load's time is reported by one stats() call
+                "lora_load_seconds_new": self.take_load_seconds()}

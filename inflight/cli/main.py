@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     from inflight.cli import models_commands  # models (the registry)
 
     models_commands.register(sub)
+    models_commands.register_lora(sub)  # lora load|unload|list
     from inflight.cli import embed_commands  # embed FILE
 
     embed_commands.register(sub)

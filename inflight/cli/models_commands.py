@@ -85,3 +85,52 @@ def register(sub: Any) -> None:
                    help="how long to read the registry at most (seconds)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_models)
+
+
+def cmd_lora(args: Any, settings: Settings) -> int:
+    """`inflight lora load NAME PATH | unload NAME | list` (schemas/lora.py)."""
+    if args.lora_cmd == "list":
+        args.workers = args.all = False
+        args.json = getattr(args, "json", False)
+        from inflight.producers.models_client import aggregate
+        from inflight.transport.registry_reader import RegistryReader
+
+        reader = RegistryReader(settings, name="cli-registry").start()
+        try:
+            if not reader.wait_ready(args.timeout):
+                raise BrokerError(f"the model registry ({settings.topic_models}) could not be read "
+                                  f"within {args.timeout:g}s ({reader.error or 'no answer'})")
+            models = aggregate(reader.live())
+        finally:
+            reader.close()
+        rows = [("ADAPTER", "PARENT", "WORKERS")]
+        rows += [(m.id, m.parent, str(len(m.workers))) for m in sorted(models.values(), key=lambda m: m.id)
+                 if m.parent]
+        if len(rows) == 1:
+            print("no LoRA adapter is served (load one: `inflight lora load NAME PATH`)")
+        else:
+            _table(rows)
+        return 0
+    from inflight.producers.client import Client
+
+    with Client(settings) as client:
+        client.lora_command(args.lora_cmd, args.name, getattr(args, "path", None), args.model)
+    print(f"sent: LoRA {args.lora_cmd} of {args.name!r} to the workers of "
+          f"{args.model or 'every model'} (`inflight lora list` shows it once they announce it)")
+    return 0
+
+
+def register_lora(sub: Any) -> None:
+    lo = sub.add_parser("lora", help="load, unload and list LoRA adapters on running workers")
+    lsub = lo.add_subparsers(dest="lora_cmd", required=True)
+    ld = lsub.add_parser("load", help="workers load the PEFT folder PATH as model NAME")
+    ld.add_argument("name")
+    ld.add_argument("path", help="a PEFT LoRA folder the workers can read")
+    ul = lsub.add_parser("unload", help="workers unload adapter NAME")
+    ul.add_argument("name")
+    for p in (ld, ul):
+        p.add_argument("--model", default=None, help="only the workers of this base model (default: all)")
+        p.set_defaults(func=cmd_lora)
+    ls = lsub.add_parser("list", help="the adapters live workers serve")
+    ls.add_argument("--timeout", type=float, default=READ_TIMEOUT_S)
+    ls.set_defaults(func=cmd_lora)
