@@ -185,7 +185,12 @@ async def answer_siblings(ctx: ApiContext, req: Any, n: int, seed: int | None,
             sib = req.model_copy(update={"request_id": sid,
                                          "params": dataclasses.replace(req.params, seed=own)})
             streams.append(await submit(ctx, sib, owner, metric, route, key=rid))
-        finals = list(await asyncio.gather(*(_final(s) for s in streams)))
+        waits = [asyncio.ensure_future(_final(s)) for s in streams]
+        try:
+            finals = list(await asyncio.gather(*waits))
+        finally:  # one timed out: the other waits end too (a no-op for finished ones)
+            for wait in waits:
+                wait.cancel()
     except RequestNotFound as exc:
         raise timeout_error(ctx, exc) from None
     finally:
