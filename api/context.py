@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -60,7 +61,8 @@ class ApiContext:
         """Run a blocking store call on one of the database threads."""
         return await to_thread.run_sync(fn, *args, limiter=self.db_slots)
 
-    async def publish(self, req: InferenceRequest, topic: str | None = None) -> None:
+    async def publish(self, req: InferenceRequest, topic: str | None = None,
+                      key: str | None = None) -> None:
         """Send one request (to `topic`: its route's; None: its model's) and wait until
         Kafka acknowledged it, at most
         INFLIGHT_API_PUBLISH_TIMEOUT_S; BrokerError otherwise. While the broker is known to
@@ -81,7 +83,7 @@ class ApiContext:
             with anyio.fail_after(timeout):
                 # NOTE: abandoned on timeout: a send can block on metadata while the broker
                 # is away; the thread ends on its own, the client gets its 503 now
-                future = await to_thread.run_sync(self.client.send, req, topic,
+                future = await to_thread.run_sync(partial(self.client.send, req, topic, key=key),
                                                   abandon_on_cancel=True)
                 future.add_callback(lambda _meta: loop.call_soon_threadsafe(settle, None))
                 future.add_errback(lambda exc: loop.call_soon_threadsafe(settle, exc))

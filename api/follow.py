@@ -16,6 +16,8 @@ an error that comes after that is the error body in the route's shape with that 
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -27,6 +29,7 @@ from inflight.api.errors import APIError, error_body
 from inflight.api.responses import json_response
 from inflight.api.streams import ApiStream, StreamResponse
 from inflight.producers import RequestNotFound
+from inflight.engine.sampling_params import SEED_MAX, seed_for
 from inflight.producers.models_client import Route
 from inflight.schemas import PRIORITY_BATCH, ErrorEvent, FinalEvent, TokenEvent
 from inflight.schemas.events import (ERR_CANCELLED, ERR_EXPIRED, ERR_INVALID_REQUEST,
@@ -60,10 +63,10 @@ def timeout_error(ctx: ApiContext, exc: Exception) -> APIError:
 
 
 async def submit(ctx: ApiContext, req: Any, owner: str | None, metric: str,
-                 route: Route | None = None) -> ApiStream:
+                 route: Route | None = None, key: str | None = None) -> ApiStream:
     """File `req` for `owner`, publish it to its model's topic (`route`: ctx.models.resolve,
     None: the default model) and follow its events; the caller closes the stream or hands
-    it to the response that does (api/streams.py)."""
+    it to the response that does (api/streams.py). `key`: the Kafka key (None: its id)."""
     if route is not None:
         req = routed(req, route)
     req = for_owner(req, owner)
@@ -73,7 +76,8 @@ async def submit(ctx: ApiContext, req: Any, owner: str | None, metric: str,
     if existing is not None:  # a fresh uuid: cannot happen unless the uuid source is broken
         raise APIError(500, "request id collision; retry")
     stream = await open_and_publish(ctx, req, owner,
-                                    route.topic(req.priority >= PRIORITY_BATCH) if route else None)
+                                    route.topic(req.priority >= PRIORITY_BATCH) if route else None,
+                                    key)
     ctx.metrics.inc(metric)
     ctx.metrics.submitted(route.name if route is not None else ctx.models.default.name, metric)
     return stream
@@ -91,7 +95,7 @@ def routed(req: Any, route: Route) -> Any:
 
 
 async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None,
-                           topic: str | None = None) -> ApiStream:
+                           topic: str | None = None, key: str | None = None) -> ApiStream:
     """Follow the filed request, then publish it: every event of it lands in the stream,
     so it needs no replay. A refused publish unfiles the request (the client may retry)."""
     try:
@@ -100,7 +104,7 @@ async def open_and_publish(ctx: ApiContext, req: Any, owner: str | None,
         await ctx.db(release_request, ctx.store, req.request_id, owner)
         raise
     try:
-        await ctx.publish(req, topic)
+        await ctx.publish(req, topic, key)
     except BaseException:
         stream.close()
         await ctx.db(release_request, ctx.store, req.request_id, owner)
@@ -159,6 +163,62 @@ async def _waiting_body(ctx: ApiContext, stream: ApiStream,
             err = error_status(event)
             yield orjson.dumps(error_body(path, err.status, err.message, err.param, err.code))
             return
+
+
+async def answer_siblings(ctx: ApiContext, req: Any, n: int, seed: int | None,
+                          owner: str | None, metric: str, route: Route,
+                          render: Callable[[FinalEvent, str], dict[str, Any]]) -> Any:
+    """`n` > 1 without stream: n sibling requests `{id}-{i}`, all with the parent id as
+    their Kafka key (one partition, one worker: the scheduler computes their shared prompt
+    once and the others hit the prefix cache), each with its own seed (the user's `seed`
+    + i, else `seed_for` of its id); one answer once all are final, `render(final, id)`'s
+    choices as index 0..n-1 and usage as OpenAI counts it (the prompt once, the completion
+    tokens summed). The first error (or timeout) is the answer; the others are cancelled.
+    """
+    rid = req.request_id
+    streams: list[ApiStream] = []
+    finals: list[Any] = []
+    try:
+        for i in range(n):
+            sid = f"{rid}-{i}"
+            own = seed_for(sid) if seed is None else (seed + i) % (SEED_MAX + 1)
+            sib = req.model_copy(update={"request_id": sid,
+                                         "params": dataclasses.replace(req.params, seed=own)})
+            streams.append(await submit(ctx, sib, owner, metric, route, key=rid))
+        waits = [asyncio.ensure_future(_final(s)) for s in streams]
+        try:
+            finals = list(await asyncio.gather(*waits))
+        finally:  # one timed out: the other waits end too (a no-op for finished ones)
+            for wait in waits:
+                wait.cancel()
+    except RequestNotFound as exc:
+        raise timeout_error(ctx, exc) from None
+    finally:
+        for s in streams:
+            s.close()
+        if len(finals) < len(streams):  # a failed submit or a timeout: stop the others
+            for s in streams:
+                await cancel_quietly(ctx, s.request_id)
+    for event in finals:
+        if isinstance(event, ErrorEvent):
+            for other in streams:
+                await cancel_quietly(ctx, other.request_id)
+            raise error_status(event)
+    bodies = [render(final, s.request_id) for final, s in zip(finals, streams)]
+    body = render(finals[0], rid)
+    body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
+    p = body["usage"]["prompt_tokens"]
+    c = sum(b["usage"]["completion_tokens"] for b in bodies)
+    body["usage"] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    return json_response(body)
+
+
+async def _final(stream: ApiStream) -> Any:
+    """The final (or error) event of a followed request."""
+    event = await stream.next()
+    while isinstance(event, TokenEvent):
+        event = await stream.next()
+    return event
 
 
 class SentText:

@@ -224,12 +224,14 @@ class RequestsClient:
         self._submitted[req.request_id] = req.submitted_at
 
     def send(self, req: InferenceRequest, topic: str | None = None, *,
-             headers: Headers | None = None) -> FutureRecordMetadata:
+             headers: Headers | None = None, key: str | None = None) -> FutureRecordMetadata:
         """Publish one request (already routed: `routed`) to `topic` (None: its model's,
         `topic_for`) without flushing or remembering it (long-running servers); returns
         kafka-python's future, done when Kafka acknowledged the record. `headers`: extra
         record headers (a `traceparent` of the caller's trace; others are copied onto the
-        request's events unchanged); see `request_headers`."""
+        request's events unchanged); see `request_headers`. `key`: the record's key (None:
+        the request id; siblings of one `n` > 1 request share their parent's, so they land
+        on one partition and one worker, which computes their prompt once)."""
         value = encode(req)
         if len(value) > self.settings.kafka_max_message_bytes:
             raise SchemaError(f"request {req.request_id} is {len(value)} bytes, over the limit "
@@ -238,21 +240,21 @@ class RequestsClient:
                               request_id=req.request_id, code="message_too_large")
         topic = topic or self.topic_for(req)
         if self.tracer is not None:
-            return self._send_traced(req, topic, value, headers)
+            return self._send_traced(req, topic, value, headers, key)
         if headers is None:  # serving an HTTP caller that sent its trace context (the API)
             headers = tracing.caller_context()
-        return self._send(req, topic, value, request_headers(req, headers))
+        return self._send(req, topic, value, request_headers(req, headers), key)
 
     def _send(self, req: InferenceRequest, topic: str, value: bytes,
-              headers: Headers) -> FutureRecordMetadata:
+              headers: Headers, key: str | None = None) -> FutureRecordMetadata:
         try:
-            return self.producer.send(topic, key=req.request_id.encode(), value=value,
+            return self.producer.send(topic, key=(key or req.request_id).encode(), value=value,
                                       headers=headers)
         except KafkaError as exc:
             raise BrokerError(f"publishing {req.request_id} failed: {exc}") from exc
 
     def _send_traced(self, req: InferenceRequest, topic: str, value: bytes,
-                     headers: Headers | None) -> FutureRecordMetadata:
+                     headers: Headers | None, key: str | None = None) -> FutureRecordMetadata:
         """send() with tracing on: an `inflight.submit` span, a child of the caller's
         traceparent header (else of the current span: the API's request), whose context
         becomes the request's traceparent (transport/tracing.py)."""
@@ -266,7 +268,7 @@ class RequestsClient:
                             "messaging.operation.type": "send",
                             "inflight.request_id": req.request_id}):
             own = [(k, v) for k, v in given if k not in (TRACEPARENT, TRACESTATE)]
-            return self._send(req, topic, value, request_headers(req, own + tracing.inject()))
+            return self._send(req, topic, value, request_headers(req, own + tracing.inject()), key)
 
     def flush(self, timeout: float | None = 30) -> None:
         if self._producer is not None:

@@ -62,6 +62,9 @@ _HARMLESS_IF = {
     "suffix": (None, ""),
     "stream_options": (None,),
 }
+_WHY = {"n": " in a batch line (a line is one request: submit n lines; n > 1 is supported by "
+              "/v1/chat/completions and /v1/completions without stream)",
+        "best_of": " (candidates are not ranked by log probability)"}
 # body keys that constrain the output (schemas.structured: -> params.structured_outputs) and
 # the tool keys (-> InferenceRequest.tools / tool_choice / parallel_tool_calls)
 _STRUCTURED = {"response_format", "structured_outputs", "guided_json", "guided_regex",
@@ -190,8 +193,8 @@ def _openai_body_fields(obj: dict[str, Any], raw: bytes, rid: str) -> dict[str, 
             continue
         elif key in _HARMLESS_IF:
             if not any(_same(value, ok) for ok in _HARMLESS_IF[key]):
-                raise _fail(f"body.{key}: {_js(value)} is not supported; remove it or use "
-                            f"{_js(_HARMLESS_IF[key][-1])}", raw, f"body.{key}", rid)
+                raise _fail(f"body.{key}: {_js(value)} is not supported{_WHY.get(key, '')}; "
+                            f"remove it or use {_js(_HARMLESS_IF[key][-1])}", raw, f"body.{key}", rid)
         elif key in ("prompt", "messages") or key in _STRUCTURED:
             continue
         elif key in _TOOLS:

@@ -112,7 +112,7 @@ class ChatCompletionRequest(OpenAISampling):
     json_object, json_schema), tools + tool_choice (none, auto, required, a named function)
     + parallel_tool_calls, and vLLM's structured_outputs (json, json_object, regex,
     choice, grammar, structural_tag). Penalties, logit_bias and vLLM's other sampling
-    controls, and n only at 1: api/models/sampling.py, the fields text completions share."""
+    controls, and n (above 1 without stream): api/models/sampling.py, the fields text completions share."""
 
     messages: Annotated[list[ChatMessageIn], Field(min_length=1, max_length=MAX_MESSAGES)]
     model: Annotated[str, Field(max_length=256)] | None = None
@@ -132,8 +132,9 @@ class ChatCompletionRequest(OpenAISampling):
     def to_wire(self, request_id: str, max_prompt_chars: int, max_bytes: int) -> InferenceRequest:
         if self.top_logprobs and not self.logprobs:
             raise SchemaError("top_logprobs needs logprobs: true", field="top_logprobs")
+        self.check_n()
         body = self.model_dump(mode="json", exclude_none=True, by_alias=True,
-                               exclude={"stream", "stream_options", "logprobs", "top_logprobs"})
+                               exclude={"stream", "stream_options", "logprobs", "top_logprobs", "n"})
         line = orjson.dumps({"custom_id": request_id, "method": "POST", "url": CHAT_URL,
                              "body": body})
         try:

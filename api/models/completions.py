@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from inflight.api.models.sampling import OpenAISampling, Strict
+from inflight.api.models.sampling import MAX_N, OpenAISampling, Strict
 from inflight.schemas import InferenceRequest, SchemaError, parse_batch_line
 from inflight.schemas.batch import COMPLETIONS_URL
 from inflight.schemas.params import MAX_TOKENS_LIMIT, TokenId
@@ -38,9 +38,9 @@ Prompt = (Annotated[str, Field(min_length=1)] | TokenIds
 
 class CompletionRequest(OpenAISampling):
     """POST /v1/completions: one prompt (a string or token ids; a list of one of either),
-    n = 1. `echo` returns the prompt before the completion; `logprobs` (0-5) returns the
+    `echo` returns the prompt before the completion; `logprobs` (0-5) returns the
     legacy logprobs object, of the prompt too with `echo` (max_tokens 0 with echo scores the
-    prompt alone). vLLM's top_k, stop_token_ids and ignore_eos are accepted."""
+    prompt alone); `n` sibling completions without stream, `best_of` only at 1. vLLM's top_k, stop_token_ids and ignore_eos are accepted."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -50,7 +50,7 @@ class CompletionRequest(OpenAISampling):
     echo: Annotated[bool, Strict] | None = None
     logprobs: Annotated[int, Field(ge=0, le=MAX_LEGACY_LOGPROBS, strict=True)] | None = None
     # accepted only at their neutral values
-    best_of: Annotated[int, Field(ge=1, le=1, strict=True)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_N, strict=True)] | None = None
     suffix: Annotated[str, Field(max_length=0)] | None = None
 
     @property
@@ -80,11 +80,17 @@ class CompletionRequest(OpenAISampling):
         if self.logprobs is not None and self.stream:
             raise SchemaError("logprobs are answered with the whole completion; use them "
                               "with stream: false", field="logprobs")
+        self.check_n()
+        if self.best_of is not None and self.best_of > 1:
+            raise SchemaError("best_of > 1 is not supported (candidates are not ranked by "
+                              "log probability); use n for several completions",
+                              field="best_of")
         if self.echo and self.stream and self.prompt_text is None:
             raise SchemaError("echo with stream needs a text prompt (token ids are echoed "
                               "only with stream: false)", field="echo")
         body = self.model_dump(mode="json", exclude_none=True, exclude={
-            "stream", "stream_options", "echo", "logprobs", "model", "prompt", "max_tokens"})
+            "stream", "stream_options", "echo", "logprobs", "model", "prompt", "max_tokens", "n",
+            "best_of"})
         body["prompt"] = self.prompt_ids if self.prompt_ids is not None else self.prompt_text
         # NOTE: a scoring request (echo, max_tokens 0) runs one step for the prompt's
         # logprobs; the token it samples is dropped from the answer

@@ -26,7 +26,7 @@ from fastapi import APIRouter
 from inflight.api.context import ApiContext
 from inflight.api.deps import Caller, Ctx
 from inflight.api.follow import (RESTARTED, SentText, answer_when_final, cancel_quietly,
-                                 error_status, submit, timeout_error)
+                                 error_status, submit, timeout_error, answer_siblings)
 from inflight.api.models.chat import (ChatCompletion, ChatCompletionRequest, chunk, completion,
                                       finish_of, usage_of)
 from inflight.api.models.errors import OPENAI_ERRORS, WAIT_ERRORS
@@ -52,6 +52,9 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars, ctx.settings.kafka_max_message_bytes)
     tools = req.tools is not None and req.tool_choice != "none"
+    if (body.n or 1) > 1:
+        return await answer_siblings(ctx, req, body.n, body.seed, caller.owner, "chat_completions",
+                                     route, lambda final, sid: completion(sid, model, final, tools))
     stream = await submit(ctx, req, caller.owner, "chat_completions", route)
     if not body.stream:
         return await answer_when_final(ctx, stream,

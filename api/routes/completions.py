@@ -22,7 +22,7 @@ from inflight.api.deps import Caller, Ctx
 from inflight.api.models.completions import Completion, CompletionRequest, chunk, completion
 from inflight.api.models.errors import OPENAI_ERRORS, WAIT_ERRORS
 from inflight.api.follow import (RESTARTED, SentText, answer_when_final, cancel_quietly,
-                                 error_status, submit, timeout_error)
+                                 error_status, submit, timeout_error, answer_siblings)
 from inflight.api.routing import ApiRoute
 from inflight.api.sse import sse
 from inflight.api.streams import SSE_KEEPALIVE, ApiStream, StreamResponse
@@ -45,6 +45,9 @@ async def completions(body: CompletionRequest, ctx: Ctx, caller: Caller) -> Any:
     model = route.name
     rid = uuid.uuid4().hex
     req = body.to_wire(rid, ctx.settings.max_prompt_chars, ctx.settings.kafka_max_message_bytes)
+    if (body.n or 1) > 1:
+        return await answer_siblings(ctx, req, body.n, body.seed, caller.owner, "completions",
+                                     route, lambda final, sid: completion(sid, model, body, final))
     stream = await submit(ctx, req, caller.owner, "completions", route)
     if not body.stream:
         return await answer_when_final(ctx, stream,

@@ -136,8 +136,8 @@ def test_models_are_listed_and_unknown_ones_are_404(bare):
         client.completions.create(model="gpt-4o", prompt="hi")
     assert err.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model="default", prompt="hi", n=2)
-    assert err.value.param == "n"
+        client.completions.create(model="default", prompt="hi", n=2, stream=True)
+    assert err.value.param == "n" and "not supported" in err.value.message
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="default", prompt="hi", max_tokens=0)
     assert err.value.param == "max_tokens"

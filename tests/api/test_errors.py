@@ -40,8 +40,11 @@ def test_validation_errors_name_the_parameter(bare):
             "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 2.5}), 400)
         assert err["param"] == "presence_penalty" and "less than or equal to 2" in err["message"]
         err = _error(http.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "hi"}], "n": 2}), 400)
-        assert err["param"] == "n"
+            "messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": True}), 400)
+        assert err["param"] == "n" and "without stream" in err["message"]
+        err = _error(http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "n": 17}), 400)
+        assert err["param"] == "n" and "less than or equal to 16" in err["message"]
 
 
 def test_unknown_routes_and_methods(bare):

@@ -50,7 +50,7 @@ def test_openai_token_id_prompt():
 
 
 @pytest.mark.parametrize("line, field, words", [
-    (openai(n=2), "body.n", "not supported"),
+    (openai(n=2), "body.n", "not supported in a batch line"),
     (openai(stream=True), "body.stream", "not supported"),
     (openai(presence_penalty=2.5), "body.presence_penalty", "less than or equal to 2"),
     (openai(logit_bias={"12": 500}), "body.logit_bias.12", "[-100, 100]"),
