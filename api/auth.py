@@ -79,7 +79,7 @@ class KeyCache:
                 return principal
             row = await to_thread.run_sync(key_state, self.store, principal.key_id,
                                            limiter=self._db_slots)
-            if row is None or row.revoked:
+            if row is None or row.revoked_at is not None:
                 self._good.pop(digest, None)
                 raise unauthorized("this API key was revoked; create a new one")
             principal = _principal(KeyInfo.of(row))  # limits changed since: seen now

@@ -72,9 +72,15 @@ def update_key(store: Store, key_id: str, **values: Any) -> ApiKeyRow | None:
     return get_key(store, key_id)
 
 
-def key_state(store: Store, key_id: str) -> ApiKeyRow | None:
-    """The key's row as it is now (the cached key's periodic re-check: revocation, limits)."""
-    return get_key(store, key_id)
+def key_state(store: Store, key_id: str) -> Any:
+    """The key's columns as they are now (the cached key's periodic re-check: revocation,
+    limits), read as one row of plain columns (no ORM session: it runs per request when the
+    key cache is off), or None. Attribute access as on ApiKeyRow."""
+    columns = [ApiKeyRow.id, ApiKeyRow.name, ApiKeyRow.owner, ApiKeyRow.created_at,
+               ApiKeyRow.revoked_at, ApiKeyRow.rpm, ApiKeyRow.tpm, ApiKeyRow.max_concurrent,
+               ApiKeyRow.max_queued_tokens, ApiKeyRow.admin]
+    with store.engine.connect() as conn:
+        return conn.execute(select(*columns).where(ApiKeyRow.id == key_id)).first()
 
 
 def key_revoked(store: Store, key_id: str) -> bool:

@@ -23,9 +23,11 @@ pytestmark = [pytest.mark.broker]
 
 N = 200
 MAX_TOKENS = 24
-# the API process shares this machine's cores with the worker, recorder, broker and 200
-# clients: a byte is due every KEEPALIVE_S, and may be this much later
-SLACK_S = 1.0
+# the API process shares this machine's 2 cores with the worker, recorder, broker and 200
+# clients (and, in CI, nothing else; on a shared box, other jobs): a byte is due every
+# KEEPALIVE_S, and may be this much later. Without keep-alives a queued client waited for
+# minutes (129 s in the issue), so the bound still tells the two apart.
+SLACK_S = 3.0
 USER = [{"role": "user", "content": "the quick brown fox"}]
 RAMP_S = 1.0   # the clients connect over this long (all are open together for many seconds)
 
