@@ -27,7 +27,7 @@ MAX_TOKENS = 24
 # clients (and, in CI, nothing else; on a shared box, other jobs): a byte is due every
 # KEEPALIVE_S, and may be this much later. Without keep-alives a queued client waited for
 # minutes (129 s in the issue), so the bound still tells the two apart.
-SLACK_S = 3.0
+SLACK_S = 5.0
 USER = [{"role": "user", "content": "the quick brown fox"}]
 RAMP_S = 1.0   # the clients connect over this long (all are open together for many seconds)
 
@@ -124,4 +124,4 @@ def test_queued_requests_get_a_byte_every_keepalive_interval(queued):
     assert sum(r["keepalives"] > 0 for r in results) > N // 2, summary
     assert done.choices[0].finish_reason in ("stop", "length") and msg.stop_reason
     # each waited past the interval, so its body began with spaces
-    assert waited > 2 * KEEPALIVE_S, f"the SDK calls did not wait ({waited:.2f}s)"
+    assert waited > KEEPALIVE_S, f"the SDK calls did not wait ({waited:.2f}s)"
