@@ -424,7 +424,7 @@ class ModelRunner:
             logits = logits[spec.vidx]
             emitted = verify(logits, spec.drafts, spec.num_drafts, step.sampling, self.generator,
                              spec.draft_probs)
-            logits = logits.view(-1, logits.shape[-1])
+            logits = raw = logits.view(-1, logits.shape[-1])  # no processors here: raw is these rows
             sampled = targets = emitted
             if step.logprob_rows is not None:
                 targets = emitted.reshape(-1).clamp(min=0)  # the target of each logit row
