@@ -38,6 +38,7 @@ def topic_plan(settings: Settings, partitions: int, batch_partitions: int | None
         settings.topic_dlq: 1,
         settings.topic_cancel: 1,
         settings.topic_models: 1,
+        settings.topic_batch_events: partitions,   # keyed by batch id (docs/batch-jobs.md)
     }
     for m in models:
         plan.setdefault(m.requests, partitions)
