@@ -128,13 +128,24 @@ def test_the_demo_runs_from_the_installed_wheel_and_warns_of_nothing(full, tiny_
     cwd.mkdir()
     proc = full.run(full.bin("inflight"), "demo", "--model", tiny_model, "--max-tokens", "4",
                     "--json", "--data-dir", tmp_path / "data", cwd=cwd, timeout=240,
-                    HOME=str(tmp_path), OMP_NUM_THREADS="1")
+                    HOME=str(tmp_path), OMP_NUM_THREADS="1", INFLIGHT_KERNELS_CACHE=KERNELS_CACHE)
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["ok"] and len(report["results"]) == 4, report
     assert report["batch"]["status"] == "completed"
     output = proc.stdout + proc.stderr
     assert "Warning" not in output and " WARNING " not in output, output[-3000:]
     assert not list(cwd.iterdir())  # nothing in the working directory (kombu's ./control)
+
+
+def _kernels_cache() -> str:
+    """Where this checkout's C++ kernels are built (the wheel holds the same sources, so its
+    services import that build): with HOME moved each service would rebuild them, minutes."""
+    from inflight.kernels.cpu_native import build_dir
+
+    return str(build_dir().parent)
+
+
+KERNELS_CACHE = _kernels_cache()
 
 
 class Services:
@@ -144,6 +155,7 @@ class Services:
         self.venv, self.tmp, self.procs = venv, tmp, {}
         self.env: dict[str, str] = {
             "HOME": str(tmp), "OMP_NUM_THREADS": "1", "INFLIGHT_METRICS_INTERVAL_S": "0",
+            "INFLIGHT_KERNELS_CACHE": KERNELS_CACHE,
             "INFLIGHT_DATABASE_URL": f"sqlite:///{tmp / 'inflight.db'}",
             "INFLIGHT_DATA_DIR": str(tmp / "data"), "INFLIGHT_CACHE_DIR": str(tmp / "cache"),
             "INFLIGHT_KAFKA_SESSION_TIMEOUT_MS": "2000",  # Tansu: a join takes about half
