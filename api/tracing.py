@@ -10,6 +10,12 @@ from inflight.schemas.headers import trace_id
 from inflight.transport import tracing
 
 
+def _trace_headers(scope: dict) -> list[tuple[str, bytes]]:
+    """The caller's traceparent / tracestate headers, as the Kafka header list takes them."""
+    return [(k.decode("latin-1"), v) for k, v in scope.get("headers", ())
+            if k in (b"traceparent", b"tracestate")]
+
+
 class TracingMiddleware:
     """Pure ASGI: the span covers the whole response, streamed bodies included."""
 
@@ -23,8 +29,7 @@ class TracingMiddleware:
             return
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        given = [(k.decode("latin-1"), v) for k, v in scope.get("headers", ())
-                 if k in (b"traceparent", b"tracestate")]
+        given = _trace_headers(scope)
         method, path = scope.get("method", "GET"), scope.get("path", "")
         with self.tracer.start_as_current_span(
                 f"{method} {path}", context=tracing.context_from(given), kind=SpanKind.SERVER,
@@ -55,8 +60,7 @@ class TraceparentMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = [(k.decode("latin-1"), v) for k, v in scope.get("headers", ())
-                 if k in (b"traceparent", b"tracestate")]
+        given = _trace_headers(scope)
         if not given or trace_id(given) is None:
             await self.app(scope, receive, send)
             return
