@@ -12,10 +12,6 @@ import pytest
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
-@pytest.mark.skip(reason="REGRESSION found at the end of the stop that merged issues 32-37: after a "
-                  "durable broker restart mid-run the requests did not complete within 240 s; not "
-                  "yet bisected (suspects: the cancel topic's own reader thread, the LoRA commands "
-                  "relayed on it). Named in the stop's closing note; to fix first next stop")
 def test_a_durable_broker_restarted_mid_run_loses_nothing(tiny_model, tmp_path, request):
     pytest.importorskip("moto", reason='the local S3 server needs "moto[server]"')
     import httpx
