@@ -224,7 +224,9 @@ class ModelRunner:
         slots = [req.lora_slot for req in inputs.requests]
         if max(slots, default=-1) < 0:
             return None
-        return LoraStep.plan(slots, list(inputs.num_tokens), self.device)
+        lora = self.model.lora
+        return LoraStep.plan(slots, list(inputs.num_tokens), self.device, lora.dtype,
+                             batch=not lora.kernel)
 
     def _padded_size(self, inputs: StepInputs, lora: LoraStep | None = None) -> int | None:
         """P when the step runs padded on the static decode buffers, else None: a step

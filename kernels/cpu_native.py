@@ -35,7 +35,13 @@ log = logging.getLogger(__name__)
 CSRC = pathlib.Path(__file__).with_name("csrc")
 SOURCES = ("bindings.cpp", "cpu_dense_linear.cpp", "cpu_quant_linear.cpp", "cpu_decoder_ops.cpp")
 NAME = "inflight_cpu_kernels"
-CFLAGS = ("-O3", "-ffp-contract=off", "-fopenmp-simd")
+# NOTE: -fopenmp is what makes at::parallel_for split work over torch's threads: it is a header
+# template, and compiled without OpenMP it runs the whole range on the calling thread (every
+# kernel here was single-threaded, whatever torch.set_num_threads said, until stop 39). The
+# library's libgomp.so.1 is the one torch already loaded (the loader matches the soname), so
+# there is one thread pool.
+CFLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 
 
 def build_dir() -> pathlib.Path:
@@ -45,7 +51,7 @@ def build_dir() -> pathlib.Path:
     digest = hashlib.sha256()
     for name in SOURCES:
         digest.update(name.encode() + b"\0" + (CSRC / name).read_bytes() + b"\0")
-    digest.update(" ".join(CFLAGS).encode() + b"\0" + torch.__version__.encode())
+    digest.update(" ".join(CFLAGS + LDFLAGS).encode() + b"\0" + torch.__version__.encode())
     root = os.environ.get("INFLIGHT_KERNELS_CACHE") or os.path.join(
         os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.expanduser("~/.cache/torch_extensions"),
         "inflight")
@@ -69,7 +75,8 @@ def _build(folder: pathlib.Path):
             return _import(folder)
         (folder / "lock").unlink(missing_ok=True)   # torch's baton, left by a killed builder
         module = load(name=NAME, sources=[str(CSRC / s) for s in SOURCES],
-                      extra_cflags=list(CFLAGS), build_directory=str(folder), verbose=False)
+                      extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
+                      build_directory=str(folder), verbose=False)
         (folder / "ready").write_text("built\n")
         return module
 

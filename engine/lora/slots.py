@@ -14,33 +14,53 @@ stay zero. Loading an adapter is a copy into its slot: a step never allocates, a
 step launches work per adapter on CUDA (kernels/triton_lora.py reads each token's slot).
 
 A step's plan (`LoraStep`, built by the model runner) says, for the CPU path, which token
-rows each slot in use has (a slice when they are contiguous, as a lone request's are), and
-for the kernel, every token's slot (-1: the base model alone).
+rows each slot in use has: runs of consecutive slots served in one batch (LoraRun), the rest
+slot by slot (a slice when its rows are contiguous, as a lone request's are); and for the
+kernel, every token's slot (-1: the base model alone).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from inflight.engine.lora.adapter import (PROJECTIONS, SUBMODULES, LoraAdapter, projection_in_features,
                                           projection_out_features)
 from inflight.engine.model_config import ModelConfig
-from inflight.kernels.lora import lora_add_groups
+from inflight.kernels.lora import lora_add_batched, lora_add_groups
+
+
+@dataclass
+class LoraRun:
+    """Consecutive slots lo..hi-1 whose tokens one batched shrink and expand serve
+    (kernels/lora.py lora_add_batched): `idx` [G * Tm] their token rows slot by slot, each
+    padded to Tm with a row of the run; `mask` [G, Tm, 1] 0 on the pads (None: no pads)."""
+
+    lo: int
+    hi: int
+    idx: torch.Tensor
+    mask: torch.Tensor | None
 
 
 @dataclass
 class LoraStep:
     """Which tokens of one step use which slot."""
 
-    groups: list[tuple[int, slice | torch.Tensor]]   # (slot, its token rows), slots in use
+    groups: list[tuple[int, slice | torch.Tensor]]   # (slot, its token rows): slots served one by one
     token_slots: torch.Tensor | None = None          # [T] int32 on the device (kernel path)
+    runs: list[LoraRun] = field(default_factory=list)  # slots served in batches (CPU path)
+
+    # a run is batched when its padded block holds at most this many times its tokens (a long
+    # prompt beside one-token decodes is served slot by slot rather than padded)
+    MAX_PAD_RATIO = 2
 
     @classmethod
-    def plan(cls, slots: list[int], num_tokens: list[int], device: torch.device) -> LoraStep | None:
+    def plan(cls, slots: list[int], num_tokens: list[int], device: torch.device,
+             dtype: torch.dtype = torch.float32, batch: bool = True) -> LoraStep | None:
         """`slots[i]`: request i's slot (-1: none), which has `num_tokens[i]` rows in order.
-        None when no request uses an adapter."""
+        None when no request uses an adapter. `batch`: group consecutive slots into runs
+        (the CPU path; the kernel reads token_slots instead)."""
         runs: dict[int, list[tuple[int, int]]] = {}
         pos = 0
         for slot, k in zip(slots, num_tokens):
@@ -53,14 +73,31 @@ class LoraStep:
             pos += k
         if not runs:
             return None
-        groups: list[tuple[int, slice | torch.Tensor]] = []
-        for slot, spans in runs.items():
-            if len(spans) == 1:
-                groups.append((slot, slice(*spans[0])))
-            else:
-                rows = [t for a, b in spans for t in range(a, b)]
-                groups.append((slot, torch.tensor(rows, dtype=torch.int64, device=device)))
-        return cls(groups)
+        step = cls([])
+        used = sorted(runs)
+        start = 0
+        for i in range(1, len(used) + 1):  # maximal runs of consecutive slot numbers
+            if i < len(used) and used[i] == used[i - 1] + 1:
+                continue
+            run = used[start:i]
+            start = i
+            rows = [[t for a, b in runs[s] for t in range(a, b)] for s in run]
+            tm = max(map(len, rows))
+            total = sum(map(len, rows))
+            if batch and len(run) > 1 and len(run) * tm <= cls.MAX_PAD_RATIO * total:
+                idx = [t for r in rows for t in r + [r[0]] * (tm - len(r))]
+                mask = None
+                if len(run) * tm != total:
+                    mask = torch.tensor([[[1.0]] * len(r) + [[0.0]] * (tm - len(r)) for r in rows],
+                                        dtype=dtype, device=device)
+                step.runs.append(LoraRun(run[0], run[-1] + 1,
+                                         torch.tensor(idx, dtype=torch.int64, device=device), mask))
+                continue
+            for s, r in zip(run, rows):
+                spans = runs[s]
+                step.groups.append((s, slice(*spans[0]) if len(spans) == 1 else
+                                    torch.tensor(r, dtype=torch.int64, device=device)))
+        return step
 
 
 class LoraSlots:
@@ -114,8 +151,10 @@ class LoraSlots:
             a = self.a[proj][layer]
             xa = self._scratch_for(x.shape[0], x.device)[:, :a.shape[1]]
             return lora_add_triton(y, x, a, self.b[proj][layer], step.token_slots, xa)
-        return lora_add_groups(y, x, self.a[proj][layer], self.b[proj][layer], step.groups,
-                               self.used[proj][layer])
+        a, b, used = self.a[proj][layer], self.b[proj][layer], self.used[proj][layer]
+        for run in step.runs:
+            lora_add_batched(y, x, a, b, run.lo, run.hi, run.idx, run.mask, max(used[run.lo:run.hi]))
+        return lora_add_groups(y, x, a, b, step.groups, used)
 
     def _scratch_for(self, T: int, device: torch.device) -> torch.Tensor:
         if self._scratch is None or self._scratch.shape[0] < T:
