@@ -226,7 +226,7 @@ class ModelRunner:
             return None
         lora = self.model.lora
         return LoraStep.plan(slots, list(inputs.num_tokens), self.device, lora.dtype,
-                             batch=not lora.kernel)
+                             batch=not lora.kernel, native=lora.native is not None)
 
     def _padded_size(self, inputs: StepInputs, lora: LoraStep | None = None) -> int | None:
         """P when the step runs padded on the static decode buffers, else None: a step

@@ -2,7 +2,7 @@
 
     native()  -> the module (f32_linear: engine/quant/linear.py; w8_linear, w4_linear:
                  kernels/quant_cpu.py; rms_norm, rope_write_kv, silu_mul, decode_attention:
-                 kernels/cpu_ops.py), or None
+                 kernels/cpu_ops.py; lora_add: kernels/lora.py), or None
 
 torch.utils.cpp_extension compiles the sources with the C++ compiler and ninja found on
 the machine (about a minute, once). The library lives in a folder named by a hash of the
@@ -33,7 +33,7 @@ import pathlib
 
 log = logging.getLogger(__name__)
 CSRC = pathlib.Path(__file__).with_name("csrc")
-SOURCES = ("bindings.cpp", "cpu_dense_linear.cpp", "cpu_quant_linear.cpp", "cpu_decoder_ops.cpp")
+SOURCES = ("bindings.cpp", "cpu_dense_linear.cpp", "cpu_quant_linear.cpp", "cpu_decoder_ops.cpp", "cpu_lora.cpp")
 NAME = "inflight_cpu_kernels"
 # NOTE: -fopenmp is what makes at::parallel_for split work over torch's threads: it is a header
 # template, and compiled without OpenMP it runs the whole range on the calling thread (every

@@ -8,15 +8,17 @@ packed (several adapted sub-projections of q|k|v side by side; B holds the scali
     b  [S, C, N]   lora_B.T * scaling     (shrink to C columns, then expand onto y's N)
 
 `lora_add_ref` is the definition (a gather per token: for tests at tiny shapes).
-`lora_add_groups` and `lora_add_batched` are what the engine runs on a CPU, from the step's
-plan made on the host (engine/lora/slots.py). Groups: the tokens of one slot (a slice when
-they are contiguous, an index tensor when not) take two small matmuls over that slot's used
-columns; that is four ops per slot and projection, which at 16 adapters and 30 layers was
-~2,000 op calls a step (+66% over the base model in benchmarks/lora.py). Batched: a run of
-consecutive slots s0..s1 takes five ops whatever its size: the run's tokens gathered into a
-[G, Tm, K] block (each slot's tokens, padded to the most any slot has), one batched shrink
-against the slots' A (a view: no weight is copied), padding rows zeroed, one batched expand,
-one index_add back onto y.
+`lora_add_groups` serves the layout above slot by slot (the kernel layout's fallback).
+`lora_add_blocks` is what the engine runs on a CPU (engine/lora/slots.py, from the step's
+plan made on the host), on a layout of its own: B split by the projection's blocks (q | k |
+v, gate | up), so the zeros between them are never read (a third of the slot bytes for a
+q/k/v/o/gate/up/down adapter). A run of consecutive slots takes a handful of ops whatever its
+size: the run's tokens gathered into a [G, Tm, K] block (each slot's tokens, padded to the
+most any slot has), one batched shrink against the slots' A (a view: no weight is copied),
+padding rows zeroed, one batched expand per block, each index_added back onto y. (Slot by
+slot it was four ops per slot and projection: ~2,000 calls a step at 16 adapters, +66% over
+the base model in benchmarks/lora.py; the step streams every resident slot's weights once,
+so the rest is memory traffic: docs/lora.md.)
 """
 
 from __future__ import annotations
@@ -63,18 +65,47 @@ def lora_add_groups(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.
     return y
 
 
-def lora_add_batched(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                     lo: int, hi: int, idx: torch.Tensor, mask: torch.Tensor | None, cols: int) -> torch.Tensor:
-    """The same sum for the tokens of slots lo..hi-1 in one batch: `idx` [G * Tm] holds,
-    slot by slot, the rows of x each slot's tokens are on, padded to Tm entries with any row
-    of the run; `mask` [G, Tm, 1] is 0 on those pads (None: no pads); `cols`: the most
-    packed columns any of the slots uses here (0: nothing to add)."""
+def lora_add_blocks(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor,
+                    blocks: Sequence[tuple[int, int, torch.Tensor]], block_cols: int, lo: int, hi: int,
+                    rows: slice | torch.Tensor, mask: torch.Tensor | None, cols: int,
+                    ranks: Sequence[int]) -> torch.Tensor:
+    """The CPU layout's sum for the tokens of slots lo..hi-1, in one batch.
+
+    The expand is split by the projection's blocks (the rows each PEFT module adds to: q, k
+    and v of a fused qkv; gate and up), so no zero block of B is read: block j is
+    `(start, stop, b_j)` with b_j [S, R, stop - start], fed by A's columns
+    [j * block_cols, j * block_cols + R) (block_cols = max_lora_rank).
+    `rows`: with one slot, its token rows (a slice or an index); with G = hi - lo slots, an
+    index [G * Tm]: slot by slot, the rows its tokens are on, padded to Tm entries with any
+    row of the run, `mask` [G, Tm, 1] 0 on those pads (None: no pads). `cols`: the most A
+    columns any of the slots uses; `ranks[j]`: the most columns any uses in block j (0: the
+    block is not adapted)."""
     if cols == 0:
         return y
     G = hi - lo
-    xs = x.index_select(0, idx).view(G, -1, x.shape[1])
+    if isinstance(rows, slice):
+        xs = x[rows].unsqueeze(0)
+    else:
+        xs = x.index_select(0, rows).view(G, -1, x.shape[1])
     xa = torch.bmm(xs, a[lo:hi, :cols].transpose(1, 2))
     if mask is not None:
         xa.mul_(mask)
-    delta = torch.bmm(xa, b[lo:hi, :cols])
-    return y.index_add_(0, idx, delta.view(-1, y.shape[1]))
+    for j, (start, stop, b) in enumerate(blocks):
+        r = ranks[j]
+        if r == 0:
+            continue
+        c = j * block_cols
+        delta = torch.bmm(xa[:, :, c:c + r], b[lo:hi, :r]).view(-1, stop - start)
+        if isinstance(rows, slice):
+            y[rows, start:stop] += delta
+        else:
+            y[:, start:stop].index_add_(0, rows, delta)
+    return y
+
+
+def native_lora():
+    """The C++ module when its lora_add runs here (AVX-512), else None."""
+    from inflight.kernels.cpu_native import native
+
+    mod = native()
+    return mod if mod is not None and mod.f32_linear_supported() else None

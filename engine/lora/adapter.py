@@ -95,6 +95,15 @@ def _module_rows(cfg: ModelConfig) -> dict[str, tuple[str, int, int]]:
             "up_proj": ("gate_up", inter, 2 * inter), "down_proj": ("down", 0, cfg.hidden_size)}
 
 
+def projection_blocks(cfg: ModelConfig) -> dict[str, list[tuple[int, int]]]:
+    """Each fused projection's blocks: the (first, end) rows of its output that one PEFT
+    module adapts (q | k | v; gate | up; a fused checkpoint's one module: all rows)."""
+    blocks: dict[str, list[tuple[int, int]]] = {p: [] for p in PROJECTIONS}
+    for proj, start, stop in _module_rows(cfg).values():
+        blocks[proj].append((start, stop))
+    return {p: sorted(b) for p, b in blocks.items()}
+
+
 def projection_in_features(cfg: ModelConfig, proj: str) -> int:
     return {"qkv": cfg.hidden_size, "o": cfg.num_heads * cfg.head_dim,
             "gate_up": cfg.hidden_size, "down": cfg.intermediate_size}[proj]

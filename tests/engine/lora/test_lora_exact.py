@@ -47,8 +47,10 @@ def hf_greedy(model, prompt):
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen3", "phi3"])
-def test_mixed_batch_matches_peft(tmp_path, family):
+@pytest.mark.parametrize("family,deltas", [("llama3", "native"), ("qwen3", "native"), ("phi3", "native"),
+                                         ("llama3", "torch"), ("phi3", "torch")])
+def test_mixed_batch_matches_peft(tmp_path, family, deltas, monkeypatch):
+    """`deltas`: the CPU deltas through the C++ kernel (where it builds) or the torch ops."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -72,6 +74,8 @@ def test_mixed_batch_matches_peft(tmp_path, family):
 
     # 2 slots for 3 adapters (eviction), 2 kept on the host (re-reads), blocks for fewer
     # than all 8 requests (preemption), 16-token steps (chunked prefill)
+    if deltas == "torch":
+        monkeypatch.setattr("inflight.kernels.lora.native_lora", lambda: None)
     engine = Engine(EngineConfig(model=base_path, block_size=4, num_kv_blocks=24, max_num_seqs=8,
                                  max_num_batched_tokens=16, max_loras=2, max_lora_rank=8,
                                  max_cpu_loras=2, debug_checks=True))
@@ -87,6 +91,11 @@ def test_mixed_batch_matches_peft(tmp_path, family):
                 finals[out.request_id] = out
         if not engine.has_unfinished():
             break
+    from inflight.kernels.lora import native_lora  # (the patched one for "torch")
+
+    slots = engine.model.lora
+    assert slots.native is None if deltas == "torch" else (slots.native is not None) == (
+        not slots.kernel and native_lora() is not None)
     got = {key: finals[f"r{j}"].token_ids for j, key in enumerate(keys)}
     assert all(finals[f"r{j}"].finish_reason == "length" for j in range(len(keys)))
     assert got == {key: refs[key] for key in keys}
