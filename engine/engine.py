@@ -114,13 +114,10 @@ class Engine:
         self._num_processed = 0  # live requests with logits processors (no speculation then)
 
     def _build_lora(self) -> LoraManager:
-        """The adapters' slot tensors on the model, and their manager (engine/lora)."""
-        c = self.config
-        with self.scope:
-            slots = LoraSlots(self.model.config, c.max_loras, c.max_lora_rank, c.torch_dtype,
-                              self.model.device, kernel=self.ops.name == "triton")
-        self.model.lora = slots
-        return LoraManager(self.model.config, slots, c.lora_cpu_capacity)
+        """The manager (engine/lora) of the adapters' slot tensors on the model."""
+        slots = self.model.lora  # allocated with the weights (engine/startup.py)
+        assert isinstance(slots, LoraSlots)
+        return LoraManager(self.model.config, slots, self.config.lora_cpu_capacity)
 
     # -- LoRA adapters ------------------------------------------------------------------
     def add_lora(self, name: str, path: str | pathlib.Path) -> LoraAdapter:

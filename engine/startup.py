@@ -24,6 +24,7 @@ from inflight.engine.config import EngineConfig
 from inflight.engine.device import DeviceScope
 from inflight.engine.errors import ConfigError
 from inflight.engine.kv_sizing import CudaMemoryProbe, KVCachePlan, MemoryProbe, MemorySnapshot, plan_kv_cache
+from inflight.engine.lora.slots import LoraSlots
 from inflight.engine.model import DecoderModel
 from inflight.engine.model_runner import ModelRunner
 from inflight.engine.parallel import TensorParallelGroup, load_model
@@ -79,6 +80,11 @@ def _after_weights(config: EngineConfig, scope: DeviceScope, probe: MemoryProbe 
         draft = load_draft_model(spec, config.model, model,
                                  lambda path: DecoderModel(path, ops, config.torch_dtype, device,
                                                          model.max_model_len, config.kv_torch_dtype))
+    if config.max_loras:
+        # the adapters' slot tensors are preallocated here, before the memory after the weights
+        # is measured: a KV cache sized on CUDA leaves room for them
+        model.lora = LoraSlots(model.config, config.max_loras, config.max_lora_rank, config.torch_dtype,
+                               device, kernel=ops.name == "triton")
     after_weights = probe.snapshot() if probe is not None else None
     cuda_graphs = config.resolve_cuda_graphs(ops.name)
     capture = cuda_graphs and device.type == "cuda"

@@ -207,3 +207,25 @@ def test_cuda_probe_reads_the_allocator():
         pytest.skip("needs a CUDA GPU")
     snap = CudaMemoryProbe(torch.device("cuda", 0)).snapshot()
     assert 0 < snap.free <= snap.total and snap.allocated <= snap.reserved
+
+
+def test_lora_slots_are_allocated_before_the_memory_after_the_weights_is_measured(tiny_model_path, monkeypatch):
+    """The adapters' slot tensors (max_loras x max_lora_rank, every layer) are preallocated with
+    the weights: the snapshot a measured KV cache subtracts as weights is taken after them, so
+    the cache leaves room for the slots (it did not before stop 39)."""
+    from inflight.engine.lora import slots as slots_mod
+
+    kw = dict(block_size=4, max_num_seqs=6, max_num_batched_tokens=40)
+    per_block = Engine(EngineConfig(model=tiny_model_path, num_kv_blocks=8, **kw)).model.kv_bytes_per_block(4)
+    probe, _ = fake_probe(per_block)
+    made = slots_mod.LoraSlots.__init__
+
+    def init(self, *args, **kwargs):
+        probe.calls.append("lora slots")
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(slots_mod.LoraSlots, "__init__", init)
+    eng = Engine(EngineConfig(model=tiny_model_path, kv_cache_memory_fraction=0.5, max_loras=2,
+                              max_lora_rank=8, **kw), memory_probe=probe)
+    assert probe.calls[:3] == ["snapshot", "lora slots", "snapshot"]
+    assert eng.lora is not None and eng.model.lora is eng.lora.slots
