@@ -296,7 +296,8 @@ class Intake:
                                   batch_id=req.batch_id, submitted_at=req.submitted_at,
                                   queued_at=now, headers=list(rec.headers or []),
                                   tenant=_tenant(req), reply_to=req.reply_to,
-                                  finish_reason="abort" if not expired else "expired"))
+                                  finish_reason="abort" if not expired else "expired",
+                                  model=self.serving.lora_of(req.model).get("lora")))
             return
         params = req.params  # the engine's SamplingParams, validated when decoded
         messages, extra = chat_inputs(req, self.template_takes_tools)

@@ -446,7 +446,7 @@ class EventPublisher:
         value = event_bytes.abort_event(a.request_id, a.attempt, worker=self.worker,
                                         batch_id=a.batch_id, submitted_at=a.submitted_at,
                                         queued_at=a.queued_at, now=time.time(),
-                                        model=self.model, finish_reason=a.finish_reason,
+                                        model=a.model or self.model, finish_reason=a.finish_reason,
                                         tenant=a.tenant)
         self.metrics.inc("cancelled" if a.finish_reason == "abort" else a.finish_reason)
         spans = None if self.tracer is None else request_spans.ended_without_running(

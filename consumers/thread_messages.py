@@ -93,6 +93,7 @@ class Aborted:
     tenant: str | None = None
     reply_to: str | None = None
     finish_reason: str = "abort"
+    model: str | None = None                 # a LoRA adapter's name: its final carries it
 
 
 @dataclass(frozen=True, slots=True)

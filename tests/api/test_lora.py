@@ -92,6 +92,11 @@ def test_adapters_over_kafka_and_the_openai_sdk(broker, tiny_model, adapters, ex
             assert rows[rid].status == "completed", rows[rid].error
             assert rows[rid].output_token_ids == expected[model].token_ids, model
         assert rows[ids[A]].model == A
+        # an adapter's request that ends before it runs (past its deadline when read) is
+        # recorded under the adapter's name too, not the base model's
+        late = client.submit(PROMPT, params, model=A, deadline=time.time() + 0.001)
+        row = wait_rows(store, [late])[late]
+        assert row.status == "expired" and row.model == A, (row.status, row.model)
         run_time_load_and_unload(settings, client, store, adapters[C], expected, key)
         registry = service.worker.metrics.registry
         deadline = time.monotonic() + 10
