@@ -12,11 +12,11 @@ shared results topic only, and its raw copy goes to the DLQ.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Any
 
-from inflight.schemas import ConfigError, Settings
+from inflight.schemas import Settings
+from inflight.transport.reply_rules import reply_to_name_refusal, reply_to_pattern
 
 log = logging.getLogger("inflight.worker")
 
@@ -27,26 +27,17 @@ LIST_TIMEOUT_S = 2.0   # one metadata request, at most (the intake must keep pol
 
 class ReplyTopics:
     def __init__(self, settings: Settings):
-        try:
-            self.pattern = re.compile(settings.reply_to_pattern)
-        except re.error as exc:
-            raise ConfigError(f"INFLIGHT_REPLY_TO_PATTERN {settings.reply_to_pattern!r} is "
-                              f"not a regular expression: {exc}") from None
+        self.pattern = reply_to_pattern(settings.reply_to_pattern)  # ConfigError when bad
         self.settings = settings
-        self.own = frozenset(settings.topics())
-        self.own_prefixes = (settings.topic_requests + ".", settings.topic_requests_batch + ".")
         self._known: dict[str, float] = {}      # topic -> when it was last listed
         self._listed_at = float("-inf")
         self._admin: Any = None
 
     def refusal(self, topic: str) -> str | None:
         """Why `topic` may not be a reply_to (None: it may)."""
-        if topic in self.own or topic.startswith(self.own_prefixes):
-            return (f"reply_to {topic!r} is one of inflight's own topics; name a topic of "
-                    "your own")
-        if not self.pattern.fullmatch(topic):
-            return (f"reply_to {topic!r} is not allowed: it does not match "
-                    f"INFLIGHT_REPLY_TO_PATTERN ({self.pattern.pattern!r})")
+        why = reply_to_name_refusal(self.settings, topic)
+        if why is not None:
+            return why
         if not self.exists(topic):
             return (f"reply_to topic {topic!r} does not exist; create it before sending "
                     "requests that name it")

@@ -56,12 +56,16 @@ class SubmitRequest(BaseModel):
                                   "running; running: with what it produced)")
     deadline: float | None = Field(default=None, ge=0, description="the same as an absolute "
                                    "time (epoch seconds)")
+    reply_to: Annotated[str, Field(min_length=1, max_length=249)] | None = Field(
+        default=None, description="a Kafka topic of yours that also gets the request's final "
+                                  "event (and its token deltas when it streams); it must exist "
+                                  "and match INFLIGHT_REPLY_TO_PATTERN (docs/kafka-contract.md)")
 
     def to_wire(self, request_id: str, max_prompt_chars: int) -> InferenceRequest:
         """The wire request (raises SchemaError naming the field, e.g. two inputs given)."""
         fields: dict[str, Any] = {"request_id": request_id, "priority": self.priority}
         for name in ("prompt", "messages", "prompt_token_ids", "params", "metadata", "stream",
-                     "tools", "tool_choice", "parallel_tool_calls", "timeout", "deadline"):
+                     "tools", "tool_choice", "parallel_tool_calls", "timeout", "deadline", "reply_to"):
             value = getattr(self, name)
             if value is not None:
                 fields[name] = value

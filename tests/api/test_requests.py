@@ -152,3 +152,34 @@ def test_bad_input_the_worker_refuses_ends_failed(stack):
     assert events == [("error", {"type": "error", "request_id": rid, "code": "prompt_too_long",
                                  "message": body["error"]["message"], "worker": body["worker"],
                                  "batch_id": None})]
+
+
+def test_reply_to_over_http(stack):
+    """POST /v1/requests with `reply_to`: the final also lands on that topic of the caller's
+    (the Kafka contract's reply_to, docs/kafka-contract.md); a topic of inflight's own or one
+    the pattern refuses is a 400 naming reply_to before anything is sent; one that does not
+    exist ends failed at intake (reply_to_refused), as over Kafka."""
+    import json
+
+    from tests.consumers.conftest import create_topic, read_topic
+
+    s = stack.settings
+    reply = f"replies-{uuid.uuid4().hex[:6]}"
+    create_topic(s, reply)
+    key = stack.new_key()
+    with stack.http(key) as http:
+        for bad, why in ((s.topic_results, "inflight's own topics"), ("bad!topic", "INFLIGHT_REPLY_TO_PATTERN")):
+            r = http.post("/v1/requests", json={"prompt": "x", "reply_to": bad})
+            assert r.status_code == 400 and why in r.text, r.text
+            assert r.json()["error"]["param"] == "reply_to"
+        ok = http.post("/v1/requests", json={"prompt": "one two", "reply_to": reply,
+                                             "params": {"max_tokens": 4, "temperature": 0}})
+        missing = http.post("/v1/requests", json={"prompt": "x", "reply_to": f"nowhere-{uuid.uuid4().hex[:6]}"})
+        assert ok.status_code == missing.status_code == 202, (ok.text, missing.text)
+        done = poll(http, ok.json()["id"])
+        gone = poll(http, missing.json()["id"])
+    assert done["status"] == "completed"
+    assert gone["status"] == "failed" and "does not exist" in json.dumps(gone), gone
+    recs = read_topic(s, reply, until=lambda rs: any(b'"type":"final"' in r.value for r in rs))
+    finals = [json.loads(r.value) for r in recs if b'"type":"final"' in r.value]
+    assert [f["request_id"] for f in finals] == [done["id"]] and finals[0]["text"] == done["text"]
