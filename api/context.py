@@ -25,6 +25,7 @@ from inflight.producers import Client
 from inflight.schemas import InferenceRequest, Settings
 from inflight.schemas.errors import BrokerError
 from inflight.store import Store
+from inflight.transport.reply_rules import ReplyNames
 
 T = TypeVar("T")
 
@@ -52,10 +53,12 @@ class ApiContext:
     broker: BrokerHealth
     claims: ClaimQueue = field(init=False)
     views: ViewQueue = field(init=False)
+    reply_names: ReplyNames = field(init=False)   # POST /v1/requests' reply_to, by its name
 
     def __post_init__(self) -> None:
         self.claims = ClaimQueue(self.store, self.db, self.metrics)
         self.views = ViewQueue(self.store, self.db, self.metrics)
+        self.reply_names = ReplyNames(self.settings)
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store call on one of the database threads."""

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from inflight.schemas import Settings
-from inflight.transport.reply_rules import reply_to_name_refusal, reply_to_pattern
+from inflight.transport.reply_rules import ReplyNames
 
 log = logging.getLogger("inflight.worker")
 
@@ -27,7 +27,7 @@ LIST_TIMEOUT_S = 2.0   # one metadata request, at most (the intake must keep pol
 
 class ReplyTopics:
     def __init__(self, settings: Settings):
-        self.pattern = reply_to_pattern(settings.reply_to_pattern)  # ConfigError when bad
+        self.names = ReplyNames(settings)  # ConfigError for a bad pattern
         self.settings = settings
         self._known: dict[str, float] = {}      # topic -> when it was last listed
         self._listed_at = float("-inf")
@@ -35,7 +35,7 @@ class ReplyTopics:
 
     def refusal(self, topic: str) -> str | None:
         """Why `topic` may not be a reply_to (None: it may)."""
-        why = reply_to_name_refusal(self.settings, topic)
+        why = self.names.refusal(topic)
         if why is not None:
             return why
         if not self.exists(topic):

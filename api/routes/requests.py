@@ -38,7 +38,6 @@ from inflight.producers.requests_client import STREAM_CLOCK_SLACK_S, STREAM_LOOK
 from inflight.schemas import PRIORITY_BATCH
 from inflight.schemas.errors import InflightError
 from inflight.store import FINAL_STATUSES, queued_row
-from inflight.transport.reply_rules import reply_to_name_refusal
 from inflight.store.owner_queries import release_request
 
 router = APIRouter(route_class=ApiRoute, prefix="/v1/requests", tags=["requests"],
@@ -53,7 +52,7 @@ async def submit(body: SubmitRequest, ctx: Ctx, caller: Caller) -> Response:
     rid = body.request_id or uuid.uuid4().hex
     route = ctx.models.resolve(body.model)
     if body.reply_to is not None:  # by its name; the worker checks that it exists
-        why = reply_to_name_refusal(ctx.settings, body.reply_to)
+        why = ctx.reply_names.refusal(body.reply_to)
         if why is not None:
             raise APIError(400, why, param="reply_to", code="reply_to_refused")
     req = for_owner(routed(body.to_wire(rid, ctx.settings.max_prompt_chars), route), caller.owner)

@@ -143,6 +143,7 @@ class LoraSlots:
         self.blocks: dict[str, list[tuple[int, int]]] = projection_blocks(cfg)
         self.b_blocks: dict[str, list[list[torch.Tensor]]] = {}
         self.ranks: dict[str, list[list[list[int]]]] = {}
+        self._spans: dict[str, list[list[tuple[int, int, torch.Tensor]]]] = {}
         # each slot's used A columns per (projection, layer), on the host: the CPU path
         # multiplies by those only, and skips a projection the adapter leaves alone
         self.used: dict[str, list[list[int]]] = {}
@@ -160,6 +161,9 @@ class LoraSlots:
             self.b_blocks[p] = [[torch.zeros(num_slots, max_rank, stop - start, dtype=dtype, device=device)
                                  for start, stop in self.blocks[p]] for _ in range(L)]
             self.ranks[p] = [[[0] * num_slots for _ in self.blocks[p]] for _ in range(L)]
+            # the torch path's view of the same tensors: (first row, end row, B) per block
+            self._spans[p] = [[(start, stop, b) for (start, stop), b in zip(self.blocks[p], bs)]
+                              for bs in self.b_blocks[p]]
         if kernel:
             C = max(SUBMODULES.values()) * max_rank
             self._scratch: torch.Tensor | None = None
@@ -241,8 +245,7 @@ class LoraSlots:
                                  self.rank_t[proj][layer], self.max_rank, step.order, step.segs)
             return y
         a, used, ranks = self.a[proj][layer], self.used[proj][layer], self.ranks[proj][layer]
-        blocks = [(start, stop, b) for (start, stop), b in zip(self.blocks[proj], self.b_blocks[proj][layer])]
-        R = self.max_rank
+        blocks, R = self._spans[proj][layer], self.max_rank
         for run in step.runs:
             lo, hi = run.lo, run.hi
             lora_add_blocks(y, x, a, blocks, R, lo, hi, run.idx, run.mask, max(used[lo:hi]),
