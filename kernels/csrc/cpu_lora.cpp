@@ -87,6 +87,8 @@ void lora_add(torch::Tensor y, torch::Tensor x, torch::Tensor a, std::vector<tor
               a.scalar_type() == torch::kFloat32, "lora_add: fp32 y, x, a");
   TORCH_CHECK(y.dim() == 2 && x.dim() == 2 && a.dim() == 3 && y.stride(1) == 1 && x.stride(1) == 1 &&
               a.is_contiguous(), "lora_add: y [T, N] and x [T, K] with unit column stride, a [S, CA, K] contiguous");
+  TORCH_CHECK(y.device().is_cpu() && x.device().is_cpu() && a.device().is_cpu() && y.size(0) == x.size(0),
+              "lora_add: y and x on the CPU with one row per token");
   const int64_t K = x.size(1), S = a.size(0), CA = a.size(1), N = y.size(1);
   const int64_t nb = static_cast<int64_t>(b_blocks.size());
   TORCH_CHECK(a.size(2) == K && K % 16 == 0, "lora_add: a [S, CA, K] with K % 16 == 0");
@@ -109,6 +111,7 @@ void lora_add(torch::Tensor y, torch::Tensor x, torch::Tensor a, std::vector<tor
     bp[j] = b.data_ptr<float>();
   }
   const int32_t* rk = ranks.data_ptr<int32_t>();
+  for (int64_t i = 0; i < nb * S; ++i) TORCH_CHECK(0 <= rk[i] && rk[i] <= R, "lora_add: a rank outside 0..R");
   const int64_t* ord = order.data_ptr<int64_t>();
   const int64_t* sg = segs.data_ptr<int64_t>();
   const int64_t G = segs.size(0), M = order.numel();

@@ -159,3 +159,5 @@ def test_native_lora_add_matches_reference():
     assert torch.equal(out[per_token < 0], y[per_token < 0])
     with pytest.raises(RuntimeError, match="segment out of range"):
         mod.lora_add(out, x, a, parts, starts, ranks, R, step.order, torch.tensor([[9, 0, 1]]))
+    with pytest.raises(RuntimeError, match="rank outside"):
+        mod.lora_add(out, x, a, parts, starts, ranks + R, R, step.order, step.segs)
