@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from inflight.schemas import ChatMessage, InferenceRequest
-from inflight.schemas.base import ID_PATTERN
+from inflight.schemas.base import ID_PATTERN, TopicName
 from inflight.schemas.codec import schema_error
 from inflight.schemas.params import TokenId, WireSamplingParams
 from inflight.schemas.requests import MAX_MESSAGES, MAX_METADATA_KEYS, PRIORITY_MAX, PRIORITY_MIN
@@ -56,7 +56,7 @@ class SubmitRequest(BaseModel):
                                   "running; running: with what it produced)")
     deadline: float | None = Field(default=None, ge=0, description="the same as an absolute "
                                    "time (epoch seconds)")
-    reply_to: Annotated[str, Field(min_length=1, max_length=249)] | None = Field(
+    reply_to: TopicName | None = Field(
         default=None, description="a Kafka topic of yours that also gets the request's final "
                                   "event (and its token deltas when it streams); it must exist "
                                   "and match INFLIGHT_REPLY_TO_PATTERN (docs/kafka-contract.md)")
